@@ -1,0 +1,16 @@
+//! Shared foundations of mappa that need no tensor library.
+//!
+//! - [`rng`]: named, seeded random streams. Every random choice in mappa draws
+//!   from one of these, so that a manifest seed reproduces a run exactly.
+//! - [`hash`]: sha256 of bytes and files, rendered as lowercase hex.
+//! - [`fs`]: atomic file writes (temp file + rename), so that an interrupted
+//!   write never destroys what was already on disk.
+//! - [`error`]: the error type of this crate.
+
+pub mod error;
+pub mod fs;
+pub mod hash;
+pub mod rng;
+
+pub use error::{CoreError, Result};
+pub use rng::{RngStream, SeedTree};

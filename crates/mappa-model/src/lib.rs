@@ -1,0 +1,33 @@
+//! Backend-generic decoder-only language models for mappa.
+//!
+//! One [`Transformer`] covers the Qwen3, Qwen2 and Llama 3.x families
+//! ([`config`]). Around it:
+//! - [`weights`]: HF safetensors checkpoints in and out (single or sharded,
+//!   f32/f16/bf16), under HF tensor names;
+//! - [`tokenizer`] and [`chat`]: `tokenizer.json` and the chat template of
+//!   `tokenizer_config.json`;
+//! - [`generate`] with [`sampling`]: batched KV-cache generation returning the
+//!   log-prob of every sampled token;
+//! - [`logprobs`]: teacher-forced per-token log-probs, differentiable under an
+//!   autodiff backend, for the trainer.
+//!
+//! All model code is generic over `B: Backend`; the concrete backend is chosen
+//! by the caller ([`backend`] names the ones this crate was built with).
+
+pub mod backend;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod rope;
+pub mod transformer;
+pub mod weights;
+
+pub use cache::KvCache;
+pub use config::{Family, TransformerConfig};
+pub use error::{ModelError, Result};
+pub use transformer::Transformer;
+pub use weights::StorageDtype;
+
+/// The backend the unit tests run on.
+#[cfg(test)]
+pub(crate) type TestBackend = backend::Cpu;

@@ -1,0 +1,465 @@
+//! The decoder-only transformer shared by the Qwen3, Qwen2 and Llama 3.x
+//! families: token embedding, `num_layers` pre-norm decoder layers
+//! (grouped-query self-attention with rotary embeddings, SwiGLU MLP), a final
+//! RMSNorm and an output projection that may share the embedding matrix.
+//!
+//! Field names mirror the HF module names (`self_attn.q_proj`, `mlp.gate_proj`,
+//! `input_layernorm`, ...) so that the mapping to checkpoint tensors is plain.
+//! Linear weights are kept in burn's `[in, out]` layout; the weight loader
+//! transposes HF's `[out, in]`.
+
+use burn::module::Param;
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::prelude::*;
+use burn::tensor::activation::{silu, softmax};
+
+use crate::cache::KvCache;
+use crate::config::TransformerConfig;
+use crate::rope::{Rope, RopeAngles};
+
+/// Grouped-query self-attention with optional QK-norm and projection biases.
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    /// Query projection, `[hidden, num_heads * head_dim]`.
+    pub q_proj: Linear<B>,
+    /// Key projection, `[hidden, num_kv_heads * head_dim]`.
+    pub k_proj: Linear<B>,
+    /// Value projection, `[hidden, num_kv_heads * head_dim]`.
+    pub v_proj: Linear<B>,
+    /// Output projection, `[num_heads * head_dim, hidden]`.
+    pub o_proj: Linear<B>,
+    /// Per-head query RMSNorm (Qwen3).
+    pub q_norm: Option<RmsNorm<B>>,
+    /// Per-head key RMSNorm (Qwen3).
+    pub k_norm: Option<RmsNorm<B>>,
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+}
+
+/// The SwiGLU feed-forward block: `down(silu(gate(x)) * up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    /// Gate projection, `[hidden, intermediate]`.
+    pub gate_proj: Linear<B>,
+    /// Up projection, `[hidden, intermediate]`.
+    pub up_proj: Linear<B>,
+    /// Down projection, `[intermediate, hidden]`.
+    pub down_proj: Linear<B>,
+}
+
+/// One pre-norm decoder layer.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    /// Norm before attention.
+    pub input_layernorm: RmsNorm<B>,
+    /// Self-attention.
+    pub self_attn: Attention<B>,
+    /// Norm before the MLP.
+    pub post_attention_layernorm: RmsNorm<B>,
+    /// Feed-forward block.
+    pub mlp: Mlp<B>,
+}
+
+/// A decoder-only language model.
+#[derive(Module, Debug)]
+pub struct Transformer<B: Backend> {
+    /// Token embedding, `[vocab, hidden]`.
+    pub embed_tokens: Embedding<B>,
+    /// The decoder layers.
+    pub layers: Vec<DecoderLayer<B>>,
+    /// Final RMSNorm.
+    pub norm: RmsNorm<B>,
+    /// Output projection `[hidden, vocab]`; `None` when tied to `embed_tokens`.
+    pub lm_head: Option<Linear<B>>,
+    #[module(skip)]
+    config: TransformerConfig,
+    #[module(skip)]
+    rope: Rope,
+}
+
+impl<B: Backend> Attention<B> {
+    /// Attends over the cached keys and values plus the new ones.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, hidden]` (the new tokens)
+    /// - `bias`: `[batch, 1, seq, past + seq]`, 0 where attention is allowed, `-inf` elsewhere
+    /// - returns `[batch, seq, hidden]`
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        angles: &RopeAngles<B>,
+        bias: Tensor<B, 4>,
+        cache: Option<&mut crate::cache::LayerCache<B>>,
+    ) -> Tensor<B, 3> {
+        let [b, s, _] = x.dims();
+        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let mut q = self.q_proj.forward(x.clone()).reshape([b, s, h, hd]);
+        let mut k = self.k_proj.forward(x.clone()).reshape([b, s, kvh, hd]);
+        let v = self.v_proj.forward(x).reshape([b, s, kvh, hd]);
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(q);
+            k = kn.forward(k);
+        }
+        let q = angles.apply(q.swap_dims(1, 2)); // [b, h, s, hd]
+        let k = angles.apply(k.swap_dims(1, 2)); // [b, kvh, s, hd]
+        let v = v.swap_dims(1, 2);
+        let (k, v) = match cache {
+            Some(cache) => cache.append(k, v),
+            None => (k, v),
+        };
+        let t = k.dims()[2];
+        let rep = h / kvh;
+        // Grouped-query attention without copying keys: the `rep` query heads
+        // that share one key/value head are stacked along the sequence axis.
+        let q = q.reshape([b, kvh, rep * s, hd]);
+        let scores = q.matmul(k.swap_dims(2, 3)) * (hd as f64).powf(-0.5);
+        let scores = scores.reshape([b, h, s, t]) + bias;
+        let probs = softmax(scores, 3).reshape([b, kvh, rep * s, t]);
+        let out = probs.matmul(v).reshape([b, h, s, hd]);
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([b, s, h * hd]))
+    }
+}
+
+impl<B: Backend> Mlp<B> {
+    /// # Shapes
+    /// - `x`: `[batch, seq, hidden]`; returns the same shape.
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// # Shapes
+    /// - `x`: `[batch, seq, hidden]`; returns the same shape.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        angles: &RopeAngles<B>,
+        bias: Tensor<B, 4>,
+        cache: Option<&mut crate::cache::LayerCache<B>>,
+    ) -> Tensor<B, 3> {
+        let attn = self
+            .self_attn
+            .forward(self.input_layernorm.forward(x.clone()), angles, bias, cache);
+        let x = x + attn;
+        let mlp = self.mlp.forward(self.post_attention_layernorm.forward(x.clone()));
+        x + mlp
+    }
+}
+
+/// Where the tokens of one forward call sit in a left-padded batch.
+///
+/// Row `r` holds `pad_left[r]` padding columns, then its tokens. A forward
+/// call covers columns `start..start + len` of every row; the KV cache (when
+/// used) holds the columns before `start`.
+#[derive(Debug, Clone)]
+pub struct Window<'a> {
+    /// Padding columns at the left of each row.
+    pub pad_left: &'a [usize],
+    /// First column of this call.
+    pub start: usize,
+    /// Number of columns in this call.
+    pub len: usize,
+}
+
+impl Window<'_> {
+    /// The RoPE position of each (row, column) of the window, row-major.
+    /// Padding columns get position 0; their outputs are never used.
+    pub fn positions(&self) -> Vec<usize> {
+        self.pad_left
+            .iter()
+            .flat_map(|&pad| (self.start..self.start + self.len).map(move |c| c.saturating_sub(pad)))
+            .collect()
+    }
+
+    /// The additive attention bias: a query at column `q` may see keys at
+    /// columns `pad..=q`. Every query may see itself, so that even a padding
+    /// query has one finite score and no NaN can arise.
+    ///
+    /// # Shapes
+    /// - returns `[batch, 1, len, start + len]`
+    pub fn attention_bias<B: Backend>(&self, device: &B::Device) -> Tensor<B, 4> {
+        let (q_len, k_len) = (self.len, self.start + self.len);
+        let mut bias = Vec::with_capacity(self.pad_left.len() * q_len * k_len);
+        for &pad in self.pad_left {
+            for i in 0..q_len {
+                let q = self.start + i;
+                bias.extend((0..k_len).map(|k| {
+                    if k == q || (k >= pad && k <= q) {
+                        0.0f32
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }));
+            }
+        }
+        Tensor::from_data(
+            TensorData::new(bias, [self.pad_left.len(), 1, q_len, k_len]),
+            device,
+        )
+    }
+}
+
+impl<B: Backend> Transformer<B> {
+    /// Assembles a model from its parts (used by the initialisers and the weight loader).
+    pub(crate) fn from_parts(
+        config: TransformerConfig,
+        embed_tokens: Embedding<B>,
+        layers: Vec<DecoderLayer<B>>,
+        norm: RmsNorm<B>,
+        lm_head: Option<Linear<B>>,
+    ) -> Self {
+        let rope = Rope::new(&config.rope, config.head_dim);
+        Self {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            config,
+            rope,
+        }
+    }
+
+    /// The architecture of this model.
+    pub fn config(&self) -> &TransformerConfig {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> B::Device {
+        self.embed_tokens.weight.device()
+    }
+
+    /// Runs the decoder over one window of a left-padded batch and returns
+    /// the final hidden states (after the last norm). With a cache, the
+    /// window's keys and values are appended to it and attention also covers
+    /// the cached columns.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, window.len]`
+    /// - returns `[batch, window.len, hidden]`
+    pub fn forward_hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        window: &Window<'_>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let device = tokens.device();
+        let [batch, len] = tokens.dims();
+        debug_assert_eq!(len, window.len);
+        if let Some(cache) = cache.as_deref() {
+            debug_assert_eq!(cache.len(), window.start, "cache length must equal the window start");
+        }
+        let angles = self.rope.angles::<B>(&window.positions(), batch, len, &device);
+        let bias = window.attention_bias::<B>(&device);
+        let mut x = self.embed_tokens.forward(tokens);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let layer_cache = cache.as_deref_mut().map(|c| c.layer_mut(i));
+            x = layer.forward(x, &angles, bias.clone(), layer_cache);
+        }
+        if let Some(cache) = cache {
+            cache.advance(len);
+        }
+        self.norm.forward(x)
+    }
+
+    /// Projects hidden states to vocabulary logits.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, hidden]`
+    /// - returns `[batch, seq, vocab]`
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => {
+                let w = self.embed_tokens.weight.val().transpose().unsqueeze::<3>();
+                hidden.matmul(w)
+            }
+        }
+    }
+
+    /// Logits for every position of unpadded sequences of equal length.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`
+    /// - returns `[batch, seq, vocab]`
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [batch, len] = tokens.dims();
+        let pad = vec![0; batch];
+        let window = Window {
+            pad_left: &pad,
+            start: 0,
+            len,
+        };
+        self.logits(self.forward_hidden(tokens, &window, None))
+    }
+
+    /// An empty KV cache for `batch` rows of up to `capacity` columns.
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache<B> {
+        KvCache::new(
+            self.config.num_layers,
+            batch,
+            self.config.num_kv_heads,
+            capacity,
+            self.config.head_dim,
+            &self.device(),
+        )
+    }
+}
+
+/// An RMSNorm with the given weights.
+pub(crate) fn rms_norm<B: Backend>(gamma: Tensor<B, 1>, epsilon: f64) -> RmsNorm<B> {
+    RmsNorm {
+        gamma: Param::from_tensor(gamma),
+        epsilon,
+    }
+}
+
+/// A linear layer from a burn-layout `[in, out]` weight and an optional bias.
+pub(crate) fn linear<B: Backend>(weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Linear<B> {
+    Linear {
+        weight: Param::from_tensor(weight),
+        bias: bias.map(Param::from_tensor),
+    }
+}
+
+impl<B: Backend> Attention<B> {
+    /// Assembles an attention block; `qk_norm` holds the query and key norm weights.
+    pub(crate) fn new(
+        config: &TransformerConfig,
+        [q_proj, k_proj, v_proj, o_proj]: [Linear<B>; 4],
+        qk_norm: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
+    ) -> Self {
+        let (q_norm, k_norm) = match qk_norm {
+            Some((q, k)) => (
+                Some(rms_norm(q, config.rms_norm_eps)),
+                Some(rms_norm(k, config.rms_norm_eps)),
+            ),
+            None => (None, None),
+        };
+        Self {
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj,
+            q_norm,
+            k_norm,
+            num_heads: config.num_heads,
+            num_kv_heads: config.num_kv_heads,
+            head_dim: config.head_dim,
+        }
+    }
+}
+
+impl TransformerConfig {
+    /// A randomly initialised model (normal weights with std `0.02`, unit
+    /// norms, zero biases), drawn from a stream seeded with `seed` on the
+    /// host, so that the same seed gives the same weights on every backend.
+    pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Transformer<B> {
+        self.init_with_std(seed, 0.02, device)
+    }
+
+    /// Like [`TransformerConfig::init`] with a chosen weight std.
+    pub fn init_with_std<B: Backend>(&self, seed: u64, std: f64, device: &B::Device) -> Transformer<B> {
+        let c = self;
+        let mut rng = mappa_core::RngStream::from_u64(seed);
+        let mut normal = |d0: usize, d1: usize| -> Tensor<B, 2> {
+            let data: Vec<f32> = (0..d0 * d1).map(|_| (rng.normal() * std) as f32).collect();
+            Tensor::from_data(TensorData::new(data, [d0, d1]), device)
+        };
+        let zeros = |n: usize| Tensor::<B, 1>::zeros([n], device);
+        let ones = |n: usize| Tensor::<B, 1>::ones([n], device);
+        let mut dense = |d_in: usize, d_out: usize, bias: bool| {
+            linear(normal(d_in, d_out), bias.then(|| zeros(d_out)))
+        };
+        let (h, q, kv) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let mut layers = Vec::with_capacity(c.num_layers);
+        for _ in 0..c.num_layers {
+            let projections = [
+                dense(h, q, c.qkv_bias),
+                dense(h, kv, c.qkv_bias),
+                dense(h, kv, c.qkv_bias),
+                dense(q, h, c.o_bias),
+            ];
+            let self_attn = Attention::new(
+                c,
+                projections,
+                c.qk_norm.then(|| (ones(c.head_dim), ones(c.head_dim))),
+            );
+            let mlp = Mlp {
+                gate_proj: dense(h, c.intermediate_size, c.mlp_bias),
+                up_proj: dense(h, c.intermediate_size, c.mlp_bias),
+                down_proj: dense(c.intermediate_size, h, c.mlp_bias),
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: rms_norm(ones(h), c.rms_norm_eps),
+                self_attn,
+                post_attention_layernorm: rms_norm(ones(h), c.rms_norm_eps),
+                mlp,
+            });
+        }
+        let lm_head = (!c.tie_word_embeddings).then(|| dense(h, c.vocab_size, false));
+        drop(dense);
+        let embed_tokens = Embedding {
+            weight: Param::from_tensor(normal(c.vocab_size, h)),
+        };
+        let norm = rms_norm(ones(h), c.rms_norm_eps);
+        Transformer::from_parts(c.clone(), embed_tokens, layers, norm, lm_head)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Family;
+    use crate::TestBackend;
+
+    fn tiny(family: Family) -> TransformerConfig {
+        TransformerConfig::for_family(family, 50, 16, 32, 2, 4, 2, 8)
+    }
+
+    #[test]
+    fn forward_shapes_and_param_count() {
+        let device = Default::default();
+        for family in [Family::Qwen3, Family::Qwen2, Family::Llama] {
+            for tied in [false, true] {
+                let config = tiny(family).with_tie_word_embeddings(tied);
+                let model = config.init::<TestBackend>(1, &device);
+                assert_eq!(model.num_params(), config.num_params(), "{family:?} tied={tied}");
+                let tokens = Tensor::<TestBackend, 2, Int>::from_data([[1, 2, 3], [4, 5, 6]], &device);
+                assert_eq!(model.forward(tokens).dims(), [2, 3, 50]);
+            }
+        }
+    }
+
+    #[test]
+    fn same_seed_same_weights() {
+        let device = Default::default();
+        let tokens = Tensor::<TestBackend, 2, Int>::from_data([[1, 2, 3]], &device);
+        let a = tiny(Family::Llama).init::<TestBackend>(5, &device).forward(tokens.clone());
+        let b = tiny(Family::Llama).init::<TestBackend>(5, &device).forward(tokens.clone());
+        let c = tiny(Family::Llama).init::<TestBackend>(6, &device).forward(tokens);
+        assert_eq!(a.to_data(), b.to_data());
+        assert_ne!(a.to_data(), c.to_data());
+    }
+
+    #[test]
+    fn causal_and_padding_bias() {
+        let pad = [0, 2];
+        let window = Window { pad_left: &pad, start: 0, len: 3 };
+        let bias = window.attention_bias::<TestBackend>(&Default::default());
+        let v = bias.into_data().to_vec::<f32>().unwrap();
+        let allowed: Vec<bool> = v.iter().map(|x| *x == 0.0).collect();
+        #[rustfmt::skip]
+        let expected = [
+            true, false, false,   true, true, false,   true, true, true,
+            // row 1: columns 0 and 1 are padding; padding queries see themselves only
+            true, false, false,   false, true, false,  false, false, true,
+        ];
+        assert_eq!(allowed, expected);
+        assert_eq!(window.positions(), vec![0, 1, 2, 0, 0, 0]);
+    }
+}
