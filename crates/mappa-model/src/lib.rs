@@ -18,13 +18,21 @@ pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod generate;
+pub mod logprobs;
 pub mod rope;
+pub mod sampling;
+pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
 pub use cache::KvCache;
 pub use config::{Family, TransformerConfig};
 pub use error::{ModelError, Result};
+pub use generate::{generate, FinishReason, Generation, GenerationConfig};
+pub use logprobs::{completion_logprobs, CompletionLogprobs};
+pub use sampling::SamplingConfig;
+pub use tokenizer::{HfTokenizer, Tokenizer};
 pub use transformer::Transformer;
 pub use weights::StorageDtype;
 
