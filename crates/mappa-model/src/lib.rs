@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generate;
@@ -27,6 +28,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use cache::KvCache;
+pub use chat::{ChatMessage, ChatRequest, ChatTemplate};
 pub use config::{Family, TransformerConfig};
 pub use error::{ModelError, Result};
 pub use generate::{generate, FinishReason, Generation, GenerationConfig};

@@ -1,0 +1,61 @@
+//! Helpers shared by the fixture-based integration tests: paths and golden files.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The repository's `fixtures/` directory.
+pub fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
+}
+
+/// A fixture checkpoint directory.
+pub fn model_dir(name: &str) -> PathBuf {
+    fixtures().join("models").join(name)
+}
+
+/// The fixture checkpoints, one per family.
+pub const MODELS: [&str; 3] = ["qwen3-tiny", "qwen2-tiny", "llama-tiny"];
+
+#[derive(Debug, Deserialize)]
+pub struct LogitsCase {
+    pub input_ids: Vec<u32>,
+    pub logits: Vec<Vec<f32>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TeacherForcedCase {
+    pub prompt_ids: Vec<u32>,
+    pub completion_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct GreedyCase {
+    pub prompt_ids: Vec<u32>,
+    pub max_new_tokens: usize,
+    pub output_ids: Vec<u32>,
+    pub min_top2_gap: f32,
+}
+
+/// `fixtures/models/NAME/golden.json`, computed by HF transformers.
+#[derive(Debug, Deserialize)]
+pub struct ModelGolden {
+    pub logits: Vec<LogitsCase>,
+    pub teacher_forced: Vec<TeacherForcedCase>,
+    pub greedy: Vec<GreedyCase>,
+}
+
+pub fn model_golden(name: &str) -> ModelGolden {
+    let path = model_dir(name).join("golden.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Largest absolute difference between two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
