@@ -127,10 +127,12 @@ mod tests {
 
     #[test]
     fn same_name_same_numbers() {
-        let a: Vec<u64> = (0..4).map({
-            let mut s = SeedTree::new(42).stream("sampler/solver");
-            move |_| s.next_u64()
-        }).collect();
+        let a: Vec<u64> = (0..4)
+            .map({
+                let mut s = SeedTree::new(42).stream("sampler/solver");
+                move |_| s.next_u64()
+            })
+            .collect();
         let mut s = SeedTree::new(42).stream("sampler/solver");
         let b: Vec<u64> = (0..4).map(|_| s.next_u64()).collect();
         assert_eq!(a, b);

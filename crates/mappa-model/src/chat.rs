@@ -94,7 +94,9 @@ pub struct ChatTemplate {
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("sha256", &self.sha256).finish()
+        f.debug_struct("ChatTemplate")
+            .field("sha256", &self.sha256)
+            .finish()
     }
 }
 
@@ -112,9 +114,12 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
-        env.add_function("raise_exception", |msg: String| -> Result<JinjaValue, JinjaError> {
-            Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<JinjaValue, JinjaError> {
+                Err(JinjaError::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| template_error("compile", e))?;
         Ok(Self {
@@ -148,11 +153,17 @@ impl ChatTemplate {
     /// Renders a conversation into prompt text.
     pub fn render(&self, request: &ChatRequest<'_>) -> Result<String> {
         let mut ctx = request.extra.clone();
-        ctx.insert("messages".into(), serde_json::to_value(request.messages).expect("messages serialise"));
+        ctx.insert(
+            "messages".into(),
+            serde_json::to_value(request.messages).expect("messages serialise"),
+        );
         if let Some(tools) = request.tools {
             ctx.insert("tools".into(), Value::Array(tools.to_vec()));
         }
-        ctx.insert("add_generation_prompt".into(), request.add_generation_prompt.into());
+        ctx.insert(
+            "add_generation_prompt".into(),
+            request.add_generation_prompt.into(),
+        );
         if let Some(bos) = &self.bos_token {
             ctx.insert("bos_token".into(), bos.clone().into());
         }
@@ -273,7 +284,11 @@ fn python_number(n: &serde_json::Number) -> String {
     // Rust prints the shortest round-trip digits like Python's repr; only the
     // exponent differs ("1e-5" vs "1e-05").
     let s = format!("{f:e}");
-    let s = if f.abs() >= 1e-4 && f.abs() < 1e16 { format!("{f}") } else { s };
+    let s = if f.abs() >= 1e-4 && f.abs() < 1e16 {
+        format!("{f}")
+    } else {
+        s
+    };
     match s.split_once('e') {
         Some((mantissa, exp)) => {
             let (sign, digits) = match exp.strip_prefix('-') {
@@ -318,11 +333,20 @@ mod tests {
     #[test]
     fn json_like_python() {
         assert_eq!(
-            dumps(json!({"b": [1, 2.5, "x\"y"], "a": {"c": null, "é": true}}), None),
+            dumps(
+                json!({"b": [1, 2.5, "x\"y"], "a": {"c": null, "é": true}}),
+                None
+            ),
             r#"{"b": [1, 2.5, "x\"y"], "a": {"c": null, "é": true}}"#
         );
-        assert_eq!(dumps(json!({"a": [1, 2]}), Some(2)), "{\n  \"a\": [\n    1,\n    2\n  ]\n}");
-        assert_eq!(dumps(json!([1.0, 1e-5, 1e20, 0.001, -3.25]), None), "[1.0, 1e-05, 1e+20, 0.001, -3.25]");
+        assert_eq!(
+            dumps(json!({"a": [1, 2]}), Some(2)),
+            "{\n  \"a\": [\n    1,\n    2\n  ]\n}"
+        );
+        assert_eq!(
+            dumps(json!([1.0, 1e-5, 1e20, 0.001, -3.25]), None),
+            "[1.0, 1e-05, 1e+20, 0.001, -3.25]"
+        );
         assert_eq!(dumps(json!("<tag>&'\u{1}"), None), "\"<tag>&'\\u0001\"");
     }
 
@@ -339,7 +363,10 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        assert_eq!(out, "user: hi\ndone\n{\"name\": \"python\", \"parameters\": {\"code\": \"str\"}}");
+        assert_eq!(
+            out,
+            "user: hi\ndone\n{\"name\": \"python\", \"parameters\": {\"code\": \"str\"}}"
+        );
     }
 
     #[test]
@@ -347,7 +374,9 @@ mod tests {
         let t = ChatTemplate::new("{{ raise_exception('no system role') }}", None, None).unwrap();
         let err = t.render(&ChatRequest::default()).unwrap_err().to_string();
         assert!(err.contains("no system role"), "{err}");
-        let err = ChatTemplate::new("{% if %}", None, None).unwrap_err().to_string();
+        let err = ChatTemplate::new("{% if %}", None, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cannot compile"), "{err}");
     }
 }

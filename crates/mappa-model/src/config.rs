@@ -189,7 +189,9 @@ impl TransformerConfig {
         let h = self.hidden_size;
         let q = self.num_heads * self.head_dim;
         let kv = self.num_kv_heads * self.head_dim;
-        let attn = h * q + 2 * h * kv + q * h
+        let attn = h * q
+            + 2 * h * kv
+            + q * h
             + if self.qkv_bias { q + 2 * kv } else { 0 }
             + if self.o_bias { h } else { 0 }
             + if self.qk_norm { 2 * self.head_dim } else { 0 };
@@ -231,20 +233,30 @@ impl TransformerConfig {
             );
         }
         if self.head_dim % 2 != 0 {
-            return field("head_dim", format!("{} must be even for RoPE", self.head_dim));
+            return field(
+                "head_dim",
+                format!("{} must be even for RoPE", self.head_dim),
+            );
         }
         if !(self.rope.theta > 0.0) {
-            return field("rope_theta", format!("{} must be positive", self.rope.theta));
+            return field(
+                "rope_theta",
+                format!("{} must be positive", self.rope.theta),
+            );
         }
         if !(self.rms_norm_eps > 0.0) {
-            return field("rms_norm_eps", format!("{} must be positive", self.rms_norm_eps));
+            return field(
+                "rms_norm_eps",
+                format!("{} must be positive", self.rms_norm_eps),
+            );
         }
         Ok(())
     }
 
     /// Reads a HF `config.json` file.
     pub fn from_hf_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io("cannot read", path, e))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ModelError::io("cannot read", path, e))?;
         let json: Value = serde_json::from_str(&text).map_err(|e| {
             ModelError::config(Some(path), "(file)", format!("is not valid JSON: {e}"))
         })?;
@@ -266,7 +278,10 @@ impl TransformerConfig {
         let mut put = |k: &str, v: Value| {
             obj.insert(k.to_string(), v);
         };
-        put("architectures", serde_json::json!([self.family.architecture()]));
+        put(
+            "architectures",
+            serde_json::json!([self.family.architecture()]),
+        );
         put("model_type", self.family.model_type().into());
         put("vocab_size", self.vocab_size.into());
         put("hidden_size", self.hidden_size.into());
@@ -277,7 +292,10 @@ impl TransformerConfig {
         put("head_dim", self.head_dim.into());
         put("hidden_act", "silu".into());
         put("rms_norm_eps", self.rms_norm_eps.into());
-        put("max_position_embeddings", self.max_position_embeddings.into());
+        put(
+            "max_position_embeddings",
+            self.max_position_embeddings.into(),
+        );
         put("tie_word_embeddings", self.tie_word_embeddings.into());
         put("rope_theta", self.rope.theta.into());
         put(
@@ -383,13 +401,20 @@ impl HfConfig {
     fn rope(&self) -> Result<RopeConfig> {
         let (source, params): (&str, Option<&Value>) = match &self.rope_parameters {
             Some(p) if !p.is_null() => ("rope_parameters", Some(p)),
-            _ => ("rope_scaling", self.rope_scaling.as_ref().filter(|v| !v.is_null())),
+            _ => (
+                "rope_scaling",
+                self.rope_scaling.as_ref().filter(|v| !v.is_null()),
+            ),
         };
         let num = |key: &str| -> Result<Option<f64>> {
             match params.and_then(|p| p.get(key)) {
                 None | Some(Value::Null) => Ok(None),
                 Some(v) => v.as_f64().map(Some).ok_or_else(|| {
-                    ModelError::config(None, &format!("{source}.{key}"), format!("`{v}` is not a number"))
+                    ModelError::config(
+                        None,
+                        &format!("{source}.{key}"),
+                        format!("`{v}` is not a number"),
+                    )
                 }),
             }
         };
@@ -399,7 +424,11 @@ impl HfConfig {
         };
         if let Some(p) = params {
             if !p.is_object() {
-                return Err(ModelError::config(None, source, format!("`{p}` is not an object")));
+                return Err(ModelError::config(
+                    None,
+                    source,
+                    format!("`{p}` is not an object"),
+                ));
             }
         }
         let rope_type = params
@@ -411,7 +440,11 @@ impl HfConfig {
             "llama3" => {
                 let need = |key: &str| -> Result<f64> {
                     num(key)?.ok_or_else(|| {
-                        ModelError::config(None, &format!("{source}.{key}"), "is required for rope_type llama3".into())
+                        ModelError::config(
+                            None,
+                            &format!("{source}.{key}"),
+                            "is required for rope_type llama3".into(),
+                        )
                     })
                 };
                 let scaling = Llama3RopeScaling {
@@ -449,25 +482,39 @@ impl HfConfig {
         let family = self.family()?;
         if let Some(act) = &self.hidden_act {
             if act != "silu" {
-                return err("hidden_act", format!("`{act}` is not supported (supported: silu)"));
+                return err(
+                    "hidden_act",
+                    format!("`{act}` is not supported (supported: silu)"),
+                );
             }
         }
         if self.use_sliding_window == Some(true) {
-            return err("use_sliding_window", "sliding-window attention is not supported".into());
+            return err(
+                "use_sliding_window",
+                "sliding-window attention is not supported".into(),
+            );
         }
         if let Some(types) = &self.layer_types {
             if let Some(t) = types.iter().find(|t| t.as_str() != "full_attention") {
-                return err("layer_types", format!("`{t}` is not supported (supported: full_attention)"));
+                return err(
+                    "layer_types",
+                    format!("`{t}` is not supported (supported: full_attention)"),
+                );
             }
         }
         if let Some(f) = self.partial_rotary_factor {
             if f != 1.0 {
-                return err("partial_rotary_factor", format!("{f} is not supported (only 1.0)"));
+                return err(
+                    "partial_rotary_factor",
+                    format!("{f} is not supported (only 1.0)"),
+                );
             }
         }
         let rope = self.rope()?;
         let num_kv_heads = self.num_key_value_heads.unwrap_or(self.num_attention_heads);
-        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 && self.head_dim.is_none() {
+        if self.num_attention_heads == 0
+            || self.hidden_size % self.num_attention_heads != 0 && self.head_dim.is_none()
+        {
             return err(
                 "head_dim",
                 format!(
@@ -547,13 +594,21 @@ mod tests {
         let mut top = with(base("llama"), json!({"rope_theta": 500000.0}));
         top["rope_scaling"] = with(scaling.clone(), json!({"rope_type": "llama3"}));
         let mut nested = base("llama");
-        nested["rope_parameters"] =
-            with(scaling, json!({"rope_type": "llama3", "rope_theta": 500000.0}));
+        nested["rope_parameters"] = with(
+            scaling,
+            json!({"rope_type": "llama3", "rope_theta": 500000.0}),
+        );
         let a = TransformerConfig::from_hf_json(&top).unwrap();
         let b = TransformerConfig::from_hf_json(&nested).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.rope.theta, 500000.0);
-        assert_eq!(a.rope.llama3_scaling.unwrap().original_max_position_embeddings, 8192);
+        assert_eq!(
+            a.rope
+                .llama3_scaling
+                .unwrap()
+                .original_max_position_embeddings,
+            8192
+        );
     }
 
     #[test]
@@ -561,7 +616,11 @@ mod tests {
         let mut v = base("llama");
         v["rope_scaling"] = json!({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
-        assert!(TransformerConfig::from_hf_json(&v).unwrap().rope.llama3_scaling.is_some());
+        assert!(TransformerConfig::from_hf_json(&v)
+            .unwrap()
+            .rope
+            .llama3_scaling
+            .is_some());
     }
 
     #[test]
@@ -569,7 +628,8 @@ mod tests {
         let c = TransformerConfig::from_hf_json(&base("qwen2")).unwrap();
         assert_eq!(c.head_dim, 8);
         assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
-        let c = TransformerConfig::from_hf_json(&with(base("qwen3"), json!({"head_dim": 16}))).unwrap();
+        let c =
+            TransformerConfig::from_hf_json(&with(base("qwen3"), json!({"head_dim": 16}))).unwrap();
         assert_eq!(c.head_dim, 16);
         assert!(c.qk_norm && !c.qkv_bias);
         assert_eq!(c.eos_token_ids, vec![7, 8]);
@@ -580,26 +640,60 @@ mod tests {
     fn unsupported_values_name_the_field() {
         let cases = [
             (with(base("mistral"), json!({})), "model_type"),
-            (with(base("qwen2"), json!({"use_sliding_window": true})), "use_sliding_window"),
-            (with(base("llama"), json!({"hidden_act": "gelu"})), "hidden_act"),
-            (with(base("llama"), json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})), "rope_scaling.rope_type"),
-            (with(base("qwen3"), json!({"rope_parameters": {"rope_type": "dynamic"}})), "rope_parameters.rope_type"),
-            (with(base("llama"), json!({"num_key_value_heads": 3})), "num_key_value_heads"),
-            (with(base("qwen3"), json!({"layer_types": ["full_attention", "sliding_attention"]})), "layer_types"),
+            (
+                with(base("qwen2"), json!({"use_sliding_window": true})),
+                "use_sliding_window",
+            ),
+            (
+                with(base("llama"), json!({"hidden_act": "gelu"})),
+                "hidden_act",
+            ),
+            (
+                with(
+                    base("llama"),
+                    json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+                ),
+                "rope_scaling.rope_type",
+            ),
+            (
+                with(
+                    base("qwen3"),
+                    json!({"rope_parameters": {"rope_type": "dynamic"}}),
+                ),
+                "rope_parameters.rope_type",
+            ),
+            (
+                with(base("llama"), json!({"num_key_value_heads": 3})),
+                "num_key_value_heads",
+            ),
+            (
+                with(
+                    base("qwen3"),
+                    json!({"layer_types": ["full_attention", "sliding_attention"]}),
+                ),
+                "layer_types",
+            ),
         ];
         for (json, field) in cases {
-            let err = TransformerConfig::from_hf_json(&json).unwrap_err().to_string();
+            let err = TransformerConfig::from_hf_json(&json)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(field), "{err} should name {field}");
         }
         let mut missing = base("llama");
         missing.as_object_mut().unwrap().remove("hidden_size");
-        let err = TransformerConfig::from_hf_json(&missing).unwrap_err().to_string();
+        let err = TransformerConfig::from_hf_json(&missing)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("hidden_size"), "{err}");
     }
 
     #[test]
     fn hf_json_round_trip() {
-        let mut v = with(base("llama"), json!({"rope_theta": 500000.0, "tie_word_embeddings": true, "attention_bias": true}));
+        let mut v = with(
+            base("llama"),
+            json!({"rope_theta": 500000.0, "tie_word_embeddings": true, "attention_bias": true}),
+        );
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
         let c = TransformerConfig::from_hf_json(&v).unwrap();

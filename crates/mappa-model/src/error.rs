@@ -100,5 +100,21 @@ impl ModelError {
     }
 }
 
+impl From<mappa_core::CoreError> for ModelError {
+    fn from(e: mappa_core::CoreError) -> Self {
+        match e {
+            mappa_core::CoreError::Io {
+                action,
+                path,
+                source,
+            } => Self::Io {
+                action,
+                path,
+                source,
+            },
+        }
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

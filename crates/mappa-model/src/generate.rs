@@ -118,7 +118,11 @@ pub fn generate<B: Backend>(
                 row.finish = Some(FinishReason::Eos);
             } else if let (Some(tok), false) = (tokenizer, config.stop_strings.is_empty()) {
                 let text = tok.decode(&row.token_ids, false)?;
-                if let Some(stop) = config.stop_strings.iter().find(|s| text.contains(s.as_str())) {
+                if let Some(stop) = config
+                    .stop_strings
+                    .iter()
+                    .find(|s| text.contains(s.as_str()))
+                {
                     row.finish = Some(FinishReason::Stop(stop.clone()));
                 }
             }
@@ -223,12 +227,19 @@ mod tests {
     use crate::TestBackend;
 
     fn model() -> Transformer<TestBackend> {
-        TransformerConfig::for_family(Family::Qwen3, 64, 32, 64, 2, 4, 2, 8)
-            .init_with_std(11, 0.5, &Default::default())
+        TransformerConfig::for_family(Family::Qwen3, 64, 32, 64, 2, 4, 2, 8).init_with_std(
+            11,
+            0.5,
+            &Default::default(),
+        )
     }
 
     /// Greedy decoding by full recomputation, without a cache.
-    fn greedy_uncached(model: &Transformer<TestBackend>, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<f32>) {
+    fn greedy_uncached(
+        model: &Transformer<TestBackend>,
+        prompt: &[u32],
+        n: usize,
+    ) -> (Vec<u32>, Vec<f32>) {
         let mut seq: Vec<u32> = prompt.to_vec();
         let mut lps = Vec::new();
         for _ in 0..n {
@@ -247,7 +258,11 @@ mod tests {
 
     fn last_logits_of(logits: Tensor<TestBackend, 3>) -> Vec<f32> {
         let [_, s, v] = logits.dims();
-        logits.slice([0..1, s - 1..s, 0..v]).into_data().into_vec::<f32>().unwrap()
+        logits
+            .slice([0..1, s - 1..s, 0..v])
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
     }
 
     #[test]
@@ -255,7 +270,8 @@ mod tests {
         let m = model();
         let prompts = vec![vec![1, 2, 3], vec![5, 6, 7, 8, 9, 10], vec![4]];
         let mut rngs: Vec<_> = (0..3).map(RngStream::from_u64).collect();
-        let batched = generate(&m, None, &prompts, &mut rngs, &GenerationConfig::greedy(8)).unwrap();
+        let batched =
+            generate(&m, None, &prompts, &mut rngs, &GenerationConfig::greedy(8)).unwrap();
         for (p, g) in prompts.iter().zip(&batched) {
             let (ids, lps) = greedy_uncached(&m, p, 8);
             assert_eq!(g.token_ids, ids);
@@ -263,7 +279,14 @@ mod tests {
             for (a, b) in g.logprobs.iter().zip(&lps) {
                 assert!((a - b).abs() < 1e-4, "{a} vs {b}");
             }
-            let alone = generate(&m, None, std::slice::from_ref(p), &mut [RngStream::from_u64(0)], &GenerationConfig::greedy(8)).unwrap();
+            let alone = generate(
+                &m,
+                None,
+                std::slice::from_ref(p),
+                &mut [RngStream::from_u64(0)],
+                &GenerationConfig::greedy(8),
+            )
+            .unwrap();
             assert_eq!(alone[0].token_ids, g.token_ids);
         }
     }
@@ -272,7 +295,11 @@ mod tests {
     fn sampling_repeats_with_the_same_seed_and_ignores_batch_mates() {
         let m = model();
         let mut config = GenerationConfig::greedy(10);
-        config.sampling = SamplingConfig { temperature: 1.0, top_k: 20, top_p: 0.95 };
+        config.sampling = SamplingConfig {
+            temperature: 1.0,
+            top_k: 20,
+            top_p: 0.95,
+        };
         let prompts = vec![vec![1, 2, 3], vec![9, 8]];
         let run = |prompts: &[Vec<u32>], seeds: &[u64]| {
             let mut rngs: Vec<_> = seeds.iter().map(|&s| RngStream::from_u64(s)).collect();
@@ -291,7 +318,14 @@ mod tests {
     fn eos_stops_a_row_and_keeps_the_id() {
         let m = model();
         let prompt = vec![vec![1, 2, 3]];
-        let free = generate(&m, None, &prompt, &mut [RngStream::from_u64(0)], &GenerationConfig::greedy(6)).unwrap();
+        let free = generate(
+            &m,
+            None,
+            &prompt,
+            &mut [RngStream::from_u64(0)],
+            &GenerationConfig::greedy(6),
+        )
+        .unwrap();
         let eos = free[0].token_ids[2];
         let first = free[0].token_ids.iter().position(|&t| t == eos).unwrap();
         let mut config = GenerationConfig::greedy(6);
@@ -305,9 +339,17 @@ mod tests {
     fn bad_inputs_are_refused() {
         let m = model();
         let config = GenerationConfig::greedy(2);
-        let err = generate(&m, None, &[vec![]], &mut [RngStream::from_u64(0)], &config).unwrap_err();
+        let err =
+            generate(&m, None, &[vec![]], &mut [RngStream::from_u64(0)], &config).unwrap_err();
         assert!(err.to_string().contains("prompt 0 is empty"));
-        let err = generate(&m, None, &[vec![64]], &mut [RngStream::from_u64(0)], &config).unwrap_err();
+        let err = generate(
+            &m,
+            None,
+            &[vec![64]],
+            &mut [RngStream::from_u64(0)],
+            &config,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("token id 64"));
         let err = generate(&m, None, &[vec![1]], &mut [], &config).unwrap_err();
         assert!(err.to_string().contains("one per prompt"));

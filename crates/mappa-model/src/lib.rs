@@ -17,6 +17,7 @@
 pub mod backend;
 pub mod cache;
 pub mod chat;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod generate;
@@ -29,6 +30,7 @@ pub mod weights;
 
 pub use cache::KvCache;
 pub use chat::{ChatMessage, ChatRequest, ChatTemplate};
+pub use checkpoint::Checkpoint;
 pub use config::{Family, TransformerConfig};
 pub use error::{ModelError, Result};
 pub use generate::{generate, FinishReason, Generation, GenerationConfig};

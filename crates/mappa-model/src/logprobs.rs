@@ -48,7 +48,9 @@ pub fn completion_logprobs<B: Backend>(
         return Err(ModelError::Input("no (prompt, completion) pairs".into()));
     }
     if !(temperature > 0.0 && temperature.is_finite()) {
-        return Err(ModelError::Input(format!("temperature {temperature} must be positive")));
+        return Err(ModelError::Input(format!(
+            "temperature {temperature} must be positive"
+        )));
     }
     let vocab = model.config().vocab_size;
     for (i, (p, c)) in pairs.iter().enumerate() {
@@ -100,7 +102,8 @@ pub fn completion_logprobs<B: Backend>(
         logits = logits / temperature as f64;
     }
     let log_probs = log_softmax(logits, 2);
-    let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [batch, c_width]), &device);
+    let targets =
+        Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [batch, c_width]), &device);
     let mask = Tensor::<B, 2>::from_data(TensorData::new(mask, [batch, c_width]), &device);
     let picked = log_probs
         .gather(2, targets.unsqueeze_dim::<3>(2))
@@ -171,10 +174,16 @@ mod tests {
         let m = config().init_with_std::<TestBackend>(3, 0.4, &Default::default());
         let (p0, c0): (&[u32], &[u32]) = (&[1, 2, 3, 4, 5], &[6, 7]);
         let (p1, c1): (&[u32], &[u32]) = (&[9], &[10, 11, 12, 13]);
-        let both = completion_logprobs(&m, &[(p0, c0), (p1, c1)], 1.0).unwrap().to_vecs();
+        let both = completion_logprobs(&m, &[(p0, c0), (p1, c1)], 1.0)
+            .unwrap()
+            .to_vecs();
         let alone0 = completion_logprobs(&m, &[(p0, c0)], 1.0).unwrap().to_vecs();
         let alone1 = completion_logprobs(&m, &[(p1, c1)], 1.0).unwrap().to_vecs();
-        for (a, b) in both[0].iter().chain(&both[1]).zip(alone0[0].iter().chain(&alone1[0])) {
+        for (a, b) in both[0]
+            .iter()
+            .chain(&both[1])
+            .zip(alone0[0].iter().chain(&alone1[0]))
+        {
             assert!((a - b).abs() < 1e-5, "{a} vs {b}");
         }
     }
@@ -186,10 +195,19 @@ mod tests {
         let out = completion_logprobs(&m, &[(&[1, 2, 3], &[4, 5])], 1.0).unwrap();
         let loss = -out.logprobs.sum();
         let grads = loss.backward();
-        let g = m.embed_tokens.weight.grad(&grads).expect("embedding gradient");
+        let g = m
+            .embed_tokens
+            .weight
+            .grad(&grads)
+            .expect("embedding gradient");
         let norm: f32 = g.square().sum().into_scalar();
         assert!(norm > 0.0 && norm.is_finite());
-        let g = m.layers[0].self_attn.q_proj.weight.grad(&grads).expect("q_proj gradient");
+        let g = m.layers[0]
+            .self_attn
+            .q_proj
+            .weight
+            .grad(&grads)
+            .expect("q_proj gradient");
         assert!(g.abs().sum().into_scalar() > 0.0);
     }
 }

@@ -151,12 +151,21 @@ mod tests {
         );
         let angles = rope.angles::<TestBackend>(&[0, 5, 9], 1, 3, &device);
         let y = angles.apply(x.clone());
-        let norm = |t: Tensor<TestBackend, 4>| t.square().sum_dim(3).into_data().to_vec::<f32>().unwrap();
+        let norm =
+            |t: Tensor<TestBackend, 4>| t.square().sum_dim(3).into_data().to_vec::<f32>().unwrap();
         for (a, b) in norm(x.clone()).iter().zip(norm(y.clone())) {
             assert!((a - b).abs() < 1e-4);
         }
-        let x0 = x.slice([0..1, 0..2, 0..1, 0..8]).into_data().to_vec::<f32>().unwrap();
-        let y0 = y.slice([0..1, 0..2, 0..1, 0..8]).into_data().to_vec::<f32>().unwrap();
+        let x0 = x
+            .slice([0..1, 0..2, 0..1, 0..8])
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        let y0 = y
+            .slice([0..1, 0..2, 0..1, 0..8])
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
         assert_eq!(x0, y0);
     }
 }

@@ -57,7 +57,10 @@ impl SamplingConfig {
     /// Checks the values are usable.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!("temperature {} must be finite and >= 0", self.temperature));
+            return Err(format!(
+                "temperature {} must be finite and >= 0",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p {} must be in (0, 1]", self.top_p));
@@ -152,7 +155,11 @@ mod tests {
     #[test]
     fn greedy_picks_first_max_and_reports_logprob() {
         let logits = [1.0, 3.0, 3.0, -2.0];
-        let c = choose(&logits, &SamplingConfig::greedy(), &mut RngStream::from_u64(0));
+        let c = choose(
+            &logits,
+            &SamplingConfig::greedy(),
+            &mut RngStream::from_u64(0),
+        );
         assert_eq!(c.token, 1);
         let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
         assert!((c.logprob as f64 - (3.0 - z.ln())).abs() < 1e-6);
@@ -194,7 +201,8 @@ mod tests {
         let mut counts = [0usize; 3];
         let n = 30_000;
         for _ in 0..n {
-            counts[choose(&logits, &SamplingConfig::with_temperature(1.0), &mut rng).token as usize] += 1;
+            counts[choose(&logits, &SamplingConfig::with_temperature(1.0), &mut rng).token
+                as usize] += 1;
         }
         for (i, expected) in [1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0].iter().enumerate() {
             let f = counts[i] as f64 / n as f64;

@@ -108,7 +108,9 @@ impl HfTokenizer {
             tok.inner.token_to_id(name).ok_or_else(|| {
                 ModelError::tokenizer(
                     Some(&config_path),
-                    format!("field `{field}` names `{name}`, which is not a token of tokenizer.json"),
+                    format!(
+                        "field `{field}` names `{name}`, which is not a token of tokenizer.json"
+                    ),
                 )
             })
         };
@@ -116,13 +118,18 @@ impl HfTokenizer {
         if let Some(name) = &eos_token {
             eos.push(lookup(name, "eos_token")?);
         }
-        let pad = pad_token.as_deref().map(|p| lookup(p, "pad_token")).transpose()?;
+        let pad = pad_token
+            .as_deref()
+            .map(|p| lookup(p, "pad_token"))
+            .transpose()?;
         // generation_config.json often lists extra stop ids (Qwen3: <|im_end|> and <|endoftext|>).
         for file in ["generation_config.json", "config.json"] {
             if let Some(v) = read_json(&dir.join(file))? {
                 match v.get("eos_token_id") {
                     Some(Value::Number(n)) => eos.extend(n.as_u64().map(|n| n as u32)),
-                    Some(Value::Array(ids)) => eos.extend(ids.iter().filter_map(Value::as_u64).map(|n| n as u32)),
+                    Some(Value::Array(ids)) => {
+                        eos.extend(ids.iter().filter_map(Value::as_u64).map(|n| n as u32))
+                    }
                     _ => {}
                 }
             }
@@ -168,7 +175,9 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
-        self.inner.decode(ids, skip_special).map_err(|e| self.err(e))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| self.err(e))
     }
 
     fn vocab_size(&self) -> usize {

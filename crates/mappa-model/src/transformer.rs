@@ -141,11 +141,13 @@ impl<B: Backend> DecoderLayer<B> {
         bias: Tensor<B, 4>,
         cache: Option<&mut crate::cache::LayerCache<B>>,
     ) -> Tensor<B, 3> {
-        let attn = self
-            .self_attn
-            .forward(self.input_layernorm.forward(x.clone()), angles, bias, cache);
+        let attn =
+            self.self_attn
+                .forward(self.input_layernorm.forward(x.clone()), angles, bias, cache);
         let x = x + attn;
-        let mlp = self.mlp.forward(self.post_attention_layernorm.forward(x.clone()));
+        let mlp = self
+            .mlp
+            .forward(self.post_attention_layernorm.forward(x.clone()));
         x + mlp
     }
 }
@@ -171,7 +173,9 @@ impl Window<'_> {
     pub fn positions(&self) -> Vec<usize> {
         self.pad_left
             .iter()
-            .flat_map(|&pad| (self.start..self.start + self.len).map(move |c| c.saturating_sub(pad)))
+            .flat_map(|&pad| {
+                (self.start..self.start + self.len).map(move |c| c.saturating_sub(pad))
+            })
             .collect()
     }
 
@@ -251,9 +255,15 @@ impl<B: Backend> Transformer<B> {
         let [batch, len] = tokens.dims();
         debug_assert_eq!(len, window.len);
         if let Some(cache) = cache.as_deref() {
-            debug_assert_eq!(cache.len(), window.start, "cache length must equal the window start");
+            debug_assert_eq!(
+                cache.len(),
+                window.start,
+                "cache length must equal the window start"
+            );
         }
-        let angles = self.rope.angles::<B>(&window.positions(), batch, len, &device);
+        let angles = self
+            .rope
+            .angles::<B>(&window.positions(), batch, len, &device);
         let bias = window.attention_bias::<B>(&device);
         let mut x = self.embed_tokens.forward(tokens);
         for (i, layer) in self.layers.iter().enumerate() {
@@ -363,7 +373,12 @@ impl TransformerConfig {
     }
 
     /// Like [`TransformerConfig::init`] with a chosen weight std.
-    pub fn init_with_std<B: Backend>(&self, seed: u64, std: f64, device: &B::Device) -> Transformer<B> {
+    pub fn init_with_std<B: Backend>(
+        &self,
+        seed: u64,
+        std: f64,
+        device: &B::Device,
+    ) -> Transformer<B> {
         let c = self;
         let mut rng = mappa_core::RngStream::from_u64(seed);
         let mut normal = |d0: usize, d1: usize| -> Tensor<B, 2> {
@@ -375,7 +390,11 @@ impl TransformerConfig {
         let mut dense = |d_in: usize, d_out: usize, bias: bool| {
             linear(normal(d_in, d_out), bias.then(|| zeros(d_out)))
         };
-        let (h, q, kv) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let (h, q, kv) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+        );
         let mut layers = Vec::with_capacity(c.num_layers);
         for _ in 0..c.num_layers {
             let projections = [
@@ -428,8 +447,13 @@ mod tests {
             for tied in [false, true] {
                 let config = tiny(family).with_tie_word_embeddings(tied);
                 let model = config.init::<TestBackend>(1, &device);
-                assert_eq!(model.num_params(), config.num_params(), "{family:?} tied={tied}");
-                let tokens = Tensor::<TestBackend, 2, Int>::from_data([[1, 2, 3], [4, 5, 6]], &device);
+                assert_eq!(
+                    model.num_params(),
+                    config.num_params(),
+                    "{family:?} tied={tied}"
+                );
+                let tokens =
+                    Tensor::<TestBackend, 2, Int>::from_data([[1, 2, 3], [4, 5, 6]], &device);
                 assert_eq!(model.forward(tokens).dims(), [2, 3, 50]);
             }
         }
@@ -439,9 +463,15 @@ mod tests {
     fn same_seed_same_weights() {
         let device = Default::default();
         let tokens = Tensor::<TestBackend, 2, Int>::from_data([[1, 2, 3]], &device);
-        let a = tiny(Family::Llama).init::<TestBackend>(5, &device).forward(tokens.clone());
-        let b = tiny(Family::Llama).init::<TestBackend>(5, &device).forward(tokens.clone());
-        let c = tiny(Family::Llama).init::<TestBackend>(6, &device).forward(tokens);
+        let a = tiny(Family::Llama)
+            .init::<TestBackend>(5, &device)
+            .forward(tokens.clone());
+        let b = tiny(Family::Llama)
+            .init::<TestBackend>(5, &device)
+            .forward(tokens.clone());
+        let c = tiny(Family::Llama)
+            .init::<TestBackend>(6, &device)
+            .forward(tokens);
         assert_eq!(a.to_data(), b.to_data());
         assert_ne!(a.to_data(), c.to_data());
     }
@@ -449,7 +479,11 @@ mod tests {
     #[test]
     fn causal_and_padding_bias() {
         let pad = [0, 2];
-        let window = Window { pad_left: &pad, start: 0, len: 3 };
+        let window = Window {
+            pad_left: &pad,
+            start: 0,
+            len: 3,
+        };
         let bias = window.attention_bias::<TestBackend>(&Default::default());
         let v = bias.into_data().to_vec::<f32>().unwrap();
         let allowed: Vec<bool> = v.iter().map(|x| *x == 0.0).collect();

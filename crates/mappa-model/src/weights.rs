@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use burn::nn::Embedding;
 use burn::module::Param;
+use burn::nn::Embedding;
 use burn::prelude::*;
 use serde_json::Value;
 
@@ -124,7 +124,8 @@ impl SafetensorsSet {
     pub fn open_dir(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io("cannot read", &index, e))?;
+            let text = std::fs::read_to_string(&index)
+                .map_err(|e| ModelError::io("cannot read", &index, e))?;
             let json: Value = serde_json::from_str(&text)
                 .map_err(|e| ModelError::weights(&index, format!("is not valid JSON: {e}")))?;
             let map = json
@@ -135,7 +136,10 @@ impl SafetensorsSet {
             let mut expected = BTreeMap::new();
             for (name, file) in map {
                 let file = file.as_str().ok_or_else(|| {
-                    ModelError::weights(&index, format!("weight_map entry for tensor `{name}` is not a file name"))
+                    ModelError::weights(
+                        &index,
+                        format!("weight_map entry for tensor `{name}` is not a file name"),
+                    )
                 })?;
                 shards.insert(file.to_string());
                 expected.insert(name.clone(), file.to_string());
@@ -157,7 +161,9 @@ impl SafetensorsSet {
                     None => {
                         return Err(ModelError::weights(
                             dir.join(file),
-                            format!("tensor `{name}` listed in the index is missing from this shard"),
+                            format!(
+                                "tensor `{name}` listed in the index is missing from this shard"
+                            ),
                         ))
                     }
                 }
@@ -180,13 +186,18 @@ impl SafetensorsSet {
         let mut files = Vec::with_capacity(paths.len());
         let mut tensors = BTreeMap::new();
         for (i, path) in paths.iter().enumerate() {
-            let file = std::fs::File::open(path).map_err(|e| ModelError::io("cannot open", path, e))?;
+            let file =
+                std::fs::File::open(path).map_err(|e| ModelError::io("cannot open", path, e))?;
             // SAFETY: the map is read-only and lives as long as the set; a file
             // truncated by another process while mapped is outside our contract.
-            let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::io("cannot map", path, e))?;
+            let mmap = unsafe { memmap2::Mmap::map(&file) }
+                .map_err(|e| ModelError::io("cannot map", path, e))?;
             for (name, entry) in parse_header(path, &mmap, i)? {
                 if tensors.contains_key(&name) {
-                    return Err(ModelError::weights(path, format!("tensor `{name}` appears in more than one file")));
+                    return Err(ModelError::weights(
+                        path,
+                        format!("tensor `{name}` appears in more than one file"),
+                    ));
                 }
                 tensors.insert(name, entry);
             }
@@ -230,7 +241,10 @@ impl SafetensorsSet {
 fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, TensorEntry)>> {
     let err = |msg: String| ModelError::weights(path, msg);
     if bytes.len() < 8 {
-        return Err(err(format!("file is {} bytes, too short for a safetensors header", bytes.len())));
+        return Err(err(format!(
+            "file is {} bytes, too short for a safetensors header",
+            bytes.len()
+        )));
     }
     let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
     let data_start = 8usize
@@ -252,12 +266,18 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
         }
         let dtype_name = info.get("dtype").and_then(Value::as_str).unwrap_or("?");
         let dtype = StorageDtype::from_safetensors_name(dtype_name).ok_or_else(|| {
-            err(format!("tensor `{name}` has dtype {dtype_name}; supported: F32, F16, BF16"))
+            err(format!(
+                "tensor `{name}` has dtype {dtype_name}; supported: F32, F16, BF16"
+            ))
         })?;
         let shape: Vec<usize> = info
             .get("shape")
             .and_then(Value::as_array)
-            .and_then(|dims| dims.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .and_then(|dims| {
+                dims.iter()
+                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .collect()
+            })
             .ok_or_else(|| err(format!("tensor `{name}` has no valid `shape`")))?;
         let offsets: Vec<usize> = info
             .get("data_offsets")
@@ -299,7 +319,8 @@ fn layer_name(i: usize, rest: &str) -> String {
 
 /// Tensors some checkpoints carry that this model recomputes or never uses.
 fn is_ignorable(name: &str, config: &TransformerConfig) -> bool {
-    name.ends_with("rotary_emb.inv_freq") || (config.tie_word_embeddings && name == "lm_head.weight")
+    name.ends_with("rotary_emb.inv_freq")
+        || (config.tie_word_embeddings && name == "lm_head.weight")
 }
 
 /// Reads tensors from a set by HF name, recording which were used.
@@ -322,9 +343,18 @@ impl<B: Backend> Reader<'_, B> {
     }
 
     /// A HF linear layer `prefix.weight` (`[out, in]`, transposed here) and `prefix.bias`.
-    fn linear(&mut self, prefix: &str, d_in: usize, d_out: usize, bias: bool) -> Result<burn::nn::Linear<B>> {
+    fn linear(
+        &mut self,
+        prefix: &str,
+        d_in: usize,
+        d_out: usize,
+        bias: bool,
+    ) -> Result<burn::nn::Linear<B>> {
         let w = self.values(&format!("{prefix}.weight"), &[d_out, d_in])?;
-        let w = Tensor::from_data(TensorData::new(transpose(&w, d_out, d_in), [d_in, d_out]), self.device);
+        let w = Tensor::from_data(
+            TensorData::new(transpose(&w, d_out, d_in), [d_in, d_out]),
+            self.device,
+        );
         let b = if bias {
             Some(self.vector(&format!("{prefix}.bias"), d_out)?)
         } else {
@@ -347,7 +377,11 @@ pub fn load_from_set<B: Backend>(
         device,
         used: BTreeSet::new(),
     };
-    let (h, q, kv) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let (h, q, kv) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+    );
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let name = |rest: &str| layer_name(i, rest);
@@ -371,7 +405,10 @@ pub fn load_from_set<B: Backend>(
             down_proj: r.linear(&name("mlp.down_proj"), c.intermediate_size, h, c.mlp_bias)?,
         };
         layers.push(DecoderLayer {
-            input_layernorm: rms_norm(r.vector(&name("input_layernorm.weight"), h)?, c.rms_norm_eps),
+            input_layernorm: rms_norm(
+                r.vector(&name("input_layernorm.weight"), h)?,
+                c.rms_norm_eps,
+            ),
             self_attn: Attention::new(c, projections, qk_norm),
             post_attention_layernorm: rms_norm(
                 r.vector(&name("post_attention_layernorm.weight"), h)?,
@@ -383,14 +420,20 @@ pub fn load_from_set<B: Backend>(
     let norm = rms_norm(r.vector("model.norm.weight", h)?, c.rms_norm_eps);
     let embed = r.values("model.embed_tokens.weight", &[c.vocab_size, h])?;
     let embed_tokens = Embedding {
-        weight: Param::from_tensor(Tensor::from_data(TensorData::new(embed, [c.vocab_size, h]), device)),
+        weight: Param::from_tensor(Tensor::from_data(
+            TensorData::new(embed, [c.vocab_size, h]),
+            device,
+        )),
     };
     let lm_head = if c.tie_word_embeddings {
         None
     } else {
         Some(r.linear("lm_head", h, c.vocab_size, false)?)
     };
-    if let Some(extra) = set.names().find(|n| !r.used.contains(*n) && !is_ignorable(n, c)) {
+    if let Some(extra) = set
+        .names()
+        .find(|n| !r.used.contains(*n) && !is_ignorable(n, c))
+    {
         let file = &set.files[set.tensors[extra].file].0;
         return Err(ModelError::weights(
             file,
@@ -399,7 +442,13 @@ pub fn load_from_set<B: Backend>(
             ),
         ));
     }
-    Ok(Transformer::from_parts(config, embed_tokens, layers, norm, lm_head))
+    Ok(Transformer::from_parts(
+        config,
+        embed_tokens,
+        layers,
+        norm,
+        lm_head,
+    ))
 }
 
 /// Loads `config.json` and the safetensors weights of the HF checkpoint directory `dir`.
@@ -414,12 +463,27 @@ pub fn hf_tensors<B: Backend>(model: &Transformer<B>) -> Vec<(String, Vec<usize>
     let mut out = Vec::new();
     let host = |t: Tensor<B, 2>| -> (Vec<usize>, Vec<f32>) {
         let [r, c] = t.dims();
-        (vec![r, c], t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 data"))
+        (
+            vec![r, c],
+            t.into_data()
+                .convert::<f32>()
+                .into_vec::<f32>()
+                .expect("f32 data"),
+        )
     };
-    let vector = |t: Tensor<B, 1>| -> Vec<f32> { t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 data") };
+    let vector = |t: Tensor<B, 1>| -> Vec<f32> {
+        t.into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .expect("f32 data")
+    };
     let push_linear = |out: &mut Vec<_>, prefix: String, l: &burn::nn::Linear<B>| {
         let (shape, w) = host(l.weight.val());
-        out.push((format!("{prefix}.weight"), vec![shape[1], shape[0]], transpose(&w, shape[0], shape[1])));
+        out.push((
+            format!("{prefix}.weight"),
+            vec![shape[1], shape[0]],
+            transpose(&w, shape[0], shape[1]),
+        ));
         if let Some(b) = &l.bias {
             out.push((format!("{prefix}.bias"), vec![shape[1]], vector(b.val())));
         }
@@ -428,19 +492,35 @@ pub fn hf_tensors<B: Backend>(model: &Transformer<B>) -> Vec<(String, Vec<usize>
     out.push(("model.embed_tokens.weight".to_string(), shape, embed));
     for (i, layer) in model.layers.iter().enumerate() {
         let a = &layer.self_attn;
-        for (name, l) in [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)] {
+        for (name, l) in [
+            ("q_proj", &a.q_proj),
+            ("k_proj", &a.k_proj),
+            ("v_proj", &a.v_proj),
+            ("o_proj", &a.o_proj),
+        ] {
             push_linear(&mut out, layer_name(i, &format!("self_attn.{name}")), l);
         }
         if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
             for (name, n) in [("q_norm", qn), ("k_norm", kn)] {
                 let v = vector(n.gamma.val());
-                out.push((layer_name(i, &format!("self_attn.{name}.weight")), vec![v.len()], v));
+                out.push((
+                    layer_name(i, &format!("self_attn.{name}.weight")),
+                    vec![v.len()],
+                    v,
+                ));
             }
         }
-        for (name, l) in [("gate_proj", &layer.mlp.gate_proj), ("up_proj", &layer.mlp.up_proj), ("down_proj", &layer.mlp.down_proj)] {
+        for (name, l) in [
+            ("gate_proj", &layer.mlp.gate_proj),
+            ("up_proj", &layer.mlp.up_proj),
+            ("down_proj", &layer.mlp.down_proj),
+        ] {
             push_linear(&mut out, layer_name(i, &format!("mlp.{name}")), l);
         }
-        for (name, n) in [("input_layernorm", &layer.input_layernorm), ("post_attention_layernorm", &layer.post_attention_layernorm)] {
+        for (name, n) in [
+            ("input_layernorm", &layer.input_layernorm),
+            ("post_attention_layernorm", &layer.post_attention_layernorm),
+        ] {
             let v = vector(n.gamma.val());
             out.push((layer_name(i, &format!("{name}.weight")), vec![v.len()], v));
         }
@@ -454,7 +534,10 @@ pub fn hf_tensors<B: Backend>(model: &Transformer<B>) -> Vec<(String, Vec<usize>
 }
 
 /// Serialises the model's weights as one safetensors file (bytes).
-pub fn to_safetensors_bytes<B: Backend>(model: &Transformer<B>, dtype: StorageDtype) -> Result<Vec<u8>> {
+pub fn to_safetensors_bytes<B: Backend>(
+    model: &Transformer<B>,
+    dtype: StorageDtype,
+) -> Result<Vec<u8>> {
     struct Raw {
         dtype: safetensors::Dtype,
         shape: Vec<usize>,
@@ -484,37 +567,50 @@ pub fn to_safetensors_bytes<B: Backend>(model: &Transformer<B>, dtype: StorageDt
         .into_iter()
         .map(|(name, shape, values)| {
             let bytes = dtype.encode(&values);
-            (name, Raw { dtype: st_dtype, shape, bytes })
+            (
+                name,
+                Raw {
+                    dtype: st_dtype,
+                    shape,
+                    bytes,
+                },
+            )
         })
         .collect();
-    let metadata = Some(std::collections::HashMap::from([("format".to_string(), "pt".to_string())]));
-    safetensors::serialize(raws.iter().map(|(n, r)| (n.as_str(), r)), metadata)
-        .map_err(|e| ModelError::weights(PathBuf::from("model.safetensors"), format!("cannot serialise: {e}")))
+    let metadata = Some(std::collections::HashMap::from([(
+        "format".to_string(),
+        "pt".to_string(),
+    )]));
+    safetensors::serialize(raws.iter().map(|(n, r)| (n.as_str(), r)), metadata).map_err(|e| {
+        ModelError::weights(
+            PathBuf::from("model.safetensors"),
+            format!("cannot serialise: {e}"),
+        )
+    })
 }
 
 /// Saves the model as a HF checkpoint directory: `config.json` and
 /// `model.safetensors`, each written atomically. Tokenizer files, when the
 /// caller has them, are copied separately ([`crate::Checkpoint::save`]).
-pub fn save_transformer<B: Backend>(model: &Transformer<B>, dir: &Path, dtype: StorageDtype) -> Result<()> {
+pub fn save_transformer<B: Backend>(
+    model: &Transformer<B>,
+    dir: &Path,
+    dtype: StorageDtype,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io("cannot create", dir, e))?;
     let bytes = to_safetensors_bytes(model, dtype)?;
     let weights = dir.join("model.safetensors");
-    mappa_core::fs::write_atomic(&weights, &bytes).map_err(core_io)?;
+    mappa_core::fs::write_atomic(&weights, &bytes)?;
     // A previous sharded save would shadow the new single file.
     let stale_index = dir.join("model.safetensors.index.json");
     if stale_index.exists() {
-        std::fs::remove_file(&stale_index).map_err(|e| ModelError::io("cannot remove", &stale_index, e))?;
+        std::fs::remove_file(&stale_index)
+            .map_err(|e| ModelError::io("cannot remove", &stale_index, e))?;
     }
     let config = model.config().to_hf_json(dtype.torch_name());
     let text = serde_json::to_string_pretty(&config).expect("config serialises");
-    mappa_core::fs::write_atomic(&dir.join("config.json"), text.as_bytes()).map_err(core_io)?;
+    mappa_core::fs::write_atomic(&dir.join("config.json"), text.as_bytes())?;
     Ok(())
-}
-
-fn core_io(e: mappa_core::CoreError) -> ModelError {
-    match e {
-        mappa_core::CoreError::Io { action, path, source } => ModelError::io(action, path, source),
-    }
 }
 
 /// Transposes a row-major `rows x cols` matrix.
@@ -541,7 +637,11 @@ mod tests {
     #[test]
     fn save_load_round_trip_is_bit_identical() {
         let device = Default::default();
-        for (family, tied) in [(Family::Qwen3, true), (Family::Qwen2, false), (Family::Llama, false)] {
+        for (family, tied) in [
+            (Family::Qwen3, true),
+            (Family::Qwen2, false),
+            (Family::Llama, false),
+        ] {
             let model = tiny(family, tied).init::<TestBackend>(3, &device);
             let dir = tempfile::tempdir().unwrap();
             save_transformer(&model, dir.path(), StorageDtype::F32).unwrap();
@@ -594,10 +694,16 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 100]).unwrap();
         let err = load_err(dir.path());
-        assert!(err.contains("truncated") && err.contains("tensor `"), "{err}");
+        assert!(
+            err.contains("truncated") && err.contains("tensor `"),
+            "{err}"
+        );
         std::fs::write(&path, &bytes[..20]).unwrap();
         let err = load_err(dir.path());
-        assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+        assert!(
+            err.contains("model.safetensors") && err.contains("truncated"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -616,17 +722,24 @@ mod tests {
         let dir = saved(Family::Qwen2);
         // Claim a bigger vocabulary than the weights have.
         let cfg_path = dir.path().join("config.json");
-        let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        let mut cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
         cfg["vocab_size"] = 41.into();
         std::fs::write(&cfg_path, cfg.to_string()).unwrap();
         let err = load_err(dir.path());
-        assert!(err.contains("model.embed_tokens.weight") && err.contains("[40, 16]"), "{err}");
+        assert!(
+            err.contains("model.embed_tokens.weight") && err.contains("[40, 16]"),
+            "{err}"
+        );
         // One more layer than stored: the first tensor of layer 2 is missing.
         cfg["vocab_size"] = 40.into();
         cfg["num_hidden_layers"] = 3.into();
         std::fs::write(&cfg_path, cfg.to_string()).unwrap();
         let err = load_err(dir.path());
-        assert!(err.contains("model.layers.2.self_attn.q_proj.weight") && err.contains("missing"), "{err}");
+        assert!(
+            err.contains("model.layers.2.self_attn.q_proj.weight") && err.contains("missing"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -634,10 +747,14 @@ mod tests {
         let dir = saved(Family::Qwen2);
         // Declare the checkpoint a Llama: the q/k/v biases are then unexpected.
         let cfg_path = dir.path().join("config.json");
-        let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+        let mut cfg: Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
         cfg["model_type"] = "llama".into();
         std::fs::write(&cfg_path, cfg.to_string()).unwrap();
         let err = load_err(dir.path());
-        assert!(err.contains("unexpected tensor") && err.contains("bias"), "{err}");
+        assert!(
+            err.contains("unexpected tensor") && err.contains("bias"),
+            "{err}"
+        );
     }
 }

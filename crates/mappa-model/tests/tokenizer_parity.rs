@@ -45,8 +45,18 @@ fn tokenizer() -> HfTokenizer {
 fn encode_and_decode_match_hf() {
     let tok = tokenizer();
     for case in golden().encode {
-        assert_eq!(tok.encode(&case.text).unwrap(), case.ids, "encoding {:?}", case.text);
-        assert_eq!(tok.decode(&case.ids, false).unwrap(), case.decoded, "decoding {:?}", case.text);
+        assert_eq!(
+            tok.encode(&case.text).unwrap(),
+            case.ids,
+            "encoding {:?}",
+            case.text
+        );
+        assert_eq!(
+            tok.decode(&case.ids, false).unwrap(),
+            case.decoded,
+            "decoding {:?}",
+            case.text
+        );
     }
 }
 
@@ -58,10 +68,12 @@ fn special_tokens_come_from_the_files() {
     assert_eq!(tok.pad_token_id(), tok.token_id("<|endoftext|>"));
     assert_eq!(tok.vocab_size(), 400);
     // A checkpoint directory adds the EOS ids of its generation_config.json.
-    assert!(mappa_model::TransformerConfig::from_hf_file(&common::model_dir("qwen3-tiny").join("config.json"))
-        .unwrap()
-        .eos_token_ids
-        .contains(&im_end));
+    assert!(mappa_model::TransformerConfig::from_hf_file(
+        &common::model_dir("qwen3-tiny").join("config.json")
+    )
+    .unwrap()
+    .eos_token_ids
+    .contains(&im_end));
 }
 
 #[test]
@@ -79,7 +91,9 @@ fn chat_template_renders_like_hf() {
             add_generation_prompt: case.add_generation_prompt,
             extra,
         };
-        let rendered = template.render(&request).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let rendered = template
+            .render(&request)
+            .unwrap_or_else(|e| panic!("{}: {e}", case.name));
         assert_eq!(rendered, case.rendered, "case {}", case.name);
     }
 }

@@ -1,0 +1,154 @@
+//! The workloads of mappa's speed benchmarks, shared by the criterion benches
+//! (`benches/model.rs`) and the JSON timing runner (`bench_json`) that
+//! `just bench-vs-torch` compares with PyTorch (`torch_bench.py`).
+//!
+//! Two Qwen3-shaped configs (about 1M and 26M parameters, tied embeddings)
+//! and three workloads: a full forward pass, a training step (forward,
+//! next-token cross-entropy, backward, Adam), and greedy KV-cache generation.
+//! Shapes and hyper-parameters match `torch_bench.py` exactly.
+
+use burn::module::AutodiffModule;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::AutodiffBackend;
+use mappa_core::RngStream;
+use mappa_model::{generate, Family, GenerationConfig, Transformer, TransformerConfig};
+
+/// Batch size of every workload.
+pub const BATCH: usize = 8;
+/// Sequence length of the forward and training workloads.
+pub const SEQ: usize = 128;
+/// Prompt length of the generation workload.
+pub const PROMPT: usize = 16;
+/// New tokens per prompt in the generation workload.
+pub const NEW_TOKENS: usize = 64;
+
+/// A named benchmark model size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Size {
+    /// About 1M parameters.
+    #[value(name = "1m")]
+    M1,
+    /// About 26M parameters.
+    #[value(name = "25m")]
+    M25,
+}
+
+impl Size {
+    /// Both sizes.
+    pub const ALL: [Size; 2] = [Size::M1, Size::M25];
+
+    /// The name used in reports (`1m`, `25m`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Size::M1 => "1m",
+            Size::M25 => "25m",
+        }
+    }
+
+    /// The model config (Qwen3 family, tied embeddings).
+    pub fn config(self) -> TransformerConfig {
+        let (vocab, hidden, inter, layers, heads, kv, head_dim) = match self {
+            Size::M1 => (2048, 128, 384, 4, 4, 2, 32),
+            Size::M25 => (8192, 512, 1536, 7, 8, 4, 64),
+        };
+        TransformerConfig::for_family(
+            Family::Qwen3,
+            vocab,
+            hidden,
+            inter,
+            layers,
+            heads,
+            kv,
+            head_dim,
+        )
+        .with_tie_word_embeddings(true)
+        .with_max_position_embeddings(512)
+    }
+}
+
+/// Token ids `[rows, cols]` drawn uniformly from the vocabulary with a fixed seed.
+pub fn random_tokens(vocab: usize, rows: usize, cols: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = RngStream::from_u64(seed);
+    (0..rows)
+        .map(|_| (0..cols).map(|_| rng.below(vocab as u64) as u32).collect())
+        .collect()
+}
+
+/// The ids as a `[rows, cols]` int tensor.
+pub fn to_tensor<B: Backend>(ids: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
+    let cols = ids[0].len();
+    let flat: Vec<i32> = ids.iter().flatten().map(|&t| t as i32).collect();
+    Tensor::from_data(TensorData::new(flat, [ids.len(), cols]), device)
+}
+
+/// Full-sequence logits, synchronised (the result is read back to the host).
+pub fn forward<B: Backend>(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>) -> f32 {
+    let logits = model.forward(tokens.clone());
+    let [b, s, v] = logits.dims();
+    logits
+        .slice([b - 1..b, s - 1..s, v - 1..v])
+        .into_scalar()
+        .elem()
+}
+
+/// A model and its Adam optimiser (betas 0.9, 0.95, no weight decay).
+pub struct Trainer<B: AutodiffBackend> {
+    /// The model being trained.
+    pub model: Transformer<B>,
+    optim: OptimizerAdaptor<Adam, Transformer<B>, B>,
+}
+
+impl<B: AutodiffBackend> Trainer<B> {
+    /// A trainer for a freshly initialised model of `config`.
+    pub fn new(config: &TransformerConfig, device: &B::Device) -> Self {
+        let optim = AdamConfig::new()
+            .with_beta_1(0.9)
+            .with_beta_2(0.95)
+            .with_epsilon(1e-8)
+            .init();
+        Self {
+            model: config.init(0, device),
+            optim,
+        }
+    }
+
+    /// One step of next-token training on `tokens`; returns the loss.
+    pub fn step(&mut self, tokens: &Tensor<B, 2, Int>) -> f32 {
+        let [b, s] = tokens.dims();
+        let logits = self.model.forward(tokens.clone());
+        let v = logits.dims()[2];
+        let predictions = logits.slice([0..b, 0..s - 1, 0..v]);
+        let targets = tokens.clone().slice([0..b, 1..s]);
+        let picked = log_softmax(predictions, 2)
+            .gather(2, targets.unsqueeze_dim::<3>(2))
+            .squeeze_dim::<2>(2);
+        let loss = -picked.mean();
+        let value: f32 = loss.clone().into_scalar().elem();
+        let grads = GradientsParams::from_grads(loss.backward(), &self.model);
+        // Module clones share their parameter tensors: this copies no weights.
+        self.model = self.optim.step(1e-4, self.model.clone(), grads);
+        value
+    }
+
+    /// The inference view of the model.
+    pub fn valid(&self) -> Transformer<B::InnerBackend> {
+        self.model.valid()
+    }
+}
+
+/// Greedy generation of [`NEW_TOKENS`] for each prompt, EOS disabled; returns the number of new tokens.
+pub fn generate_greedy<B: Backend>(model: &Transformer<B>, prompts: &[Vec<u32>]) -> usize {
+    let mut rngs: Vec<RngStream> = (0..prompts.len() as u64).map(RngStream::from_u64).collect();
+    let out = generate(
+        model,
+        None,
+        prompts,
+        &mut rngs,
+        &GenerationConfig::greedy(NEW_TOKENS),
+    )
+    .expect("generation");
+    out.iter().map(|g| g.token_ids.len()).sum()
+}

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""PyTorch / HF-transformers CPU reference benchmark for the Rust-vs-PyTorch comparison.
+
+Builds randomly initialised Qwen3ForCausalLM models (float32, eager attention, no
+torch.compile) for the same two configs the Rust benchmark uses and times three
+workloads on CPU:
+
+  forward     batch 8 x seq 128, full logits, no KV cache      tokens/iter = 8*128
+  train_step  batch 8 x seq 128, forward+CE loss, backward,
+              Adam step, zero_grad                              tokens/iter = 8*128
+  generate    batch 8 prompts x 16 tokens, greedy decoding of
+              exactly 64 new tokens with the KV cache           tokens/iter = 8*64
+
+Each workload runs `warmup` untimed iterations followed by `iters` timed ones
+(time.perf_counter); we report the median iteration time and
+tokens/s = tokens_per_iter / median_s.
+
+Usage:
+  .venv/bin/python benches/torch_bench.py [--threads 2] [--configs 1m,25m]
+      [--out results.json] [--quick] [--warmup N] [--iters N]
+
+The JSON written by --out is a list of records (one per config x workload) with
+the schema consumed by benches/compare.py. A readable summary goes to stderr.
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import transformers
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+# Model configs. These MUST match the Rust side exactly.
+CONFIGS = {
+    "1m": dict(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
+    "25m": dict(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=7,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+}
+
+# Settings shared by both configs.
+COMMON = dict(
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    # transformers 5 stores rope_theta inside rope_parameters.
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    attention_bias=False,
+    attention_dropout=0.0,
+    use_sliding_window=False,
+)
+
+WORKLOADS = ("forward", "train_step", "generate")
+
+# Workload shapes.
+BATCH = 8
+SEQ = 128
+PROMPT_LEN = 16
+NEW_TOKENS = 64
+
+# Default (warmup, iters) per config and workload.
+DEFAULT_REPS = {
+    "1m": {"forward": (2, 10), "train_step": (2, 10), "generate": (1, 5)},
+    "25m": {"forward": (1, 5), "train_step": (1, 4), "generate": (1, 3)},
+}
+QUICK_REPS = (1, 2)
+
+# Fixed seeds: model init and input token ids are deterministic across runs.
+MODEL_SEED = 0
+DATA_SEED = 1234
+
+
+def build_model(name: str) -> Qwen3ForCausalLM:
+    """Random-init float32 Qwen3 model with eager attention (seeded, so every
+    workload starts from identical weights)."""
+    config = Qwen3Config(**CONFIGS[name], **COMMON, use_cache=True)
+    torch.manual_seed(MODEL_SEED)
+    model = Qwen3ForCausalLM._from_config(
+        config, attn_implementation="eager", dtype=torch.float32
+    )
+    # No EOS: generation must always produce exactly NEW_TOKENS tokens. In
+    # transformers 5 passing eos_token_id=None to generate() does not override
+    # the generation config, so clear it on the model itself.
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def count_params(model: torch.nn.Module) -> int:
+    # model.parameters() deduplicates shared tensors, so the tied
+    # embedding / lm_head weight is counted once.
+    return sum(p.numel() for p in model.parameters())
+
+
+def random_ids(vocab_size: int, batch: int, seq: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(DATA_SEED)
+    return torch.randint(0, vocab_size, (batch, seq), generator=gen, dtype=torch.long)
+
+
+def time_loop(step, warmup: int, iters: int) -> list:
+    """Run `step` warmup times untimed, then `iters` times timed; return the
+    per-iteration wall times in seconds."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def bench_forward(model, vocab_size, warmup, iters):
+    model.eval()
+    input_ids = random_ids(vocab_size, BATCH, SEQ)
+
+    def step():
+        with torch.no_grad():
+            logits = model(input_ids, use_cache=False).logits
+        assert logits.shape == (BATCH, SEQ, vocab_size)
+
+    return BATCH * SEQ, time_loop(step, warmup, iters)
+
+
+def bench_train_step(model, vocab_size, warmup, iters):
+    model.train()  # dropout is 0.0, so this only flips the module flag
+    input_ids = random_ids(vocab_size, BATCH, SEQ)
+    opt = torch.optim.Adam(
+        model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0
+    )
+
+    def step():
+        # labels=input_ids: HF shifts internally and takes the mean
+        # cross-entropy over the B*(S-1) predicted positions.
+        loss = model(input_ids, labels=input_ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return BATCH * SEQ, time_loop(step, warmup, iters)
+
+
+def bench_generate(model, vocab_size, warmup, iters):
+    model.eval()
+    input_ids = random_ids(vocab_size, BATCH, PROMPT_LEN)
+    attention_mask = torch.ones_like(input_ids)
+
+    def step():
+        out = model.generate(
+            input_ids,
+            attention_mask=attention_mask,
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            use_cache=True,
+            pad_token_id=0,
+        )
+        assert out.shape == (BATCH, PROMPT_LEN + NEW_TOKENS), out.shape
+
+    return BATCH * NEW_TOKENS, time_loop(step, warmup, iters)
+
+
+BENCHES = {
+    "forward": bench_forward,
+    "train_step": bench_train_step,
+    "generate": bench_generate,
+}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
+    p.add_argument("--configs", default="1m,25m", help="comma-separated: 1m,25m")
+    p.add_argument("--out", help="write JSON results to this file")
+    p.add_argument("--quick", action="store_true",
+                   help=f"warmup {QUICK_REPS[0]}, iters {QUICK_REPS[1]} everywhere (smoke test)")
+    p.add_argument("--warmup", type=int, help="override warmup iterations for all workloads")
+    p.add_argument("--iters", type=int, help="override timed iterations for all workloads")
+    args = p.parse_args()
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        p.error(f"unknown config(s) {unknown}; choose from {sorted(CONFIGS)}")
+    if args.iters is not None and args.iters < 1:
+        p.error("--iters must be >= 1")
+    if args.warmup is not None and args.warmup < 0:
+        p.error("--warmup must be >= 0")
+    return args
+
+
+def main():
+    args = parse_args()
+
+    # Thread settings first: set_num_interop_threads must precede any parallel work.
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    log(f"torch {versions['torch']}, transformers {versions['transformers']}, "
+        f"intra-op threads {torch.get_num_threads()}, "
+        f"interop threads {torch.get_num_interop_threads()}")
+
+    results = []
+    t_start = time.perf_counter()
+    for cfg in args.configs:
+        vocab_size = CONFIGS[cfg]["vocab_size"]
+        params = None
+        for workload in WORKLOADS:
+            warmup, iters = QUICK_REPS if args.quick else DEFAULT_REPS[cfg][workload]
+            if args.warmup is not None:
+                warmup = args.warmup
+            if args.iters is not None:
+                iters = args.iters
+
+            # Fresh, identically seeded model per workload so that training
+            # does not perturb the weights used by the other workloads.
+            model = build_model(cfg)
+            if params is None:
+                params = count_params(model)
+                log(f"[{cfg}] params: {params:,}")
+
+            tokens, times = BENCHES[workload](model, vocab_size, warmup, iters)
+            median = statistics.median(times)
+            rec = {
+                "impl": "pytorch",
+                "config": cfg,
+                "params": params,
+                "workload": workload,
+                "tokens_per_iter": tokens,
+                "median_s": median,
+                "tokens_per_s": tokens / median,
+                "iters": iters,
+                "threads": args.threads,
+                "versions": versions,
+            }
+            results.append(rec)
+            log(f"[{cfg}] {workload:<10} median {median * 1e3:9.2f} ms  "
+                f"{rec['tokens_per_s']:10.1f} tok/s  "
+                f"(warmup {warmup}, iters {iters}, "
+                f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms)")
+            del model
+
+    log(f"total wall time: {time.perf_counter() - t_start:.1f} s")
+
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+            f.write("\n")
+        log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

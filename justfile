@@ -1,0 +1,57 @@
+# mappa's task runner. `just` lists the recipes; `just test` is what CI runs.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+venv := ".venv"
+python := venv / "bin/python"
+
+# List the recipes.
+default:
+    @just --list
+
+# The whole test suite (what CI runs): unit, property, parity and scenario tests on the CPU backend.
+test:
+    cargo test --workspace --locked
+
+# Formatting and lints.
+lint:
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# criterion benches (release build): forward, training step and KV-cache generation, ~1M and ~26M params.
+bench *ARGS:
+    cargo bench -p mappa-benches --bench model --locked -- {{ARGS}}
+
+# A Python virtualenv with torch + transformers (for fixtures and bench-vs-torch; about 6 GB).
+setup-torch:
+    test -x {{python}} || python3 -m venv {{venv}}
+    {{python}} -m pip install --quiet --upgrade pip
+    {{python}} -m pip install --quiet -r fixtures/requirements.txt
+
+# Regenerate fixtures/ (tiny HF checkpoints, tokenizer, golden values) with HF transformers.
+fixtures: setup-torch
+    {{python}} fixtures/make_fixtures.py
+
+# Save the fixture models with mappa (f32 and bf16) and check HF transformers loads them and reproduces the goldens.
+hf-roundtrip: setup-torch
+    rm -rf target/hf-roundtrip
+    cargo run --release --locked -p mappa-model --example save_checkpoints -- target/hf-roundtrip
+    {{python}} fixtures/check_hf_load.py target/hf-roundtrip
+
+# Same workloads in burn and PyTorch (CPU, 2 threads, eager) and the burn/PyTorch ratios.
+bench-vs-torch *ARGS: setup-torch
+    mkdir -p target/bench
+    cargo run --release --locked -p mappa-benches --bin bench_json -- --out target/bench/burn.json {{ARGS}} > /dev/null
+    {{python}} benches/torch_bench.py --threads 2 --out target/bench/torch.json {{ARGS}}
+    {{python}} benches/compare.py target/bench/burn.json target/bench/torch.json
+
+# burn's CPU backends side by side: flex (the default) against ndarray.
+bench-backends *ARGS:
+    mkdir -p target/bench
+    cargo run --release --locked -p mappa-benches --features ndarray --bin bench_json -- --backend flex --out target/bench/flex.json {{ARGS}} > /dev/null
+    cargo run --release --locked -p mappa-benches --features ndarray --bin bench_json -- --backend ndarray --out target/bench/ndarray.json {{ARGS}} > /dev/null
+    python3 benches/compare.py target/bench/flex.json target/bench/ndarray.json
+
+# Type-check the GPU backends (wgpu, cuda) without a GPU; separate target dir, ~10 min cold.
+check-gpu:
+    cargo check --locked -p mappa-model -p mappa-benches --features wgpu,cuda --target-dir target/gpu-check
