@@ -16,14 +16,19 @@ pub struct Rope {
     inv_freq: Vec<f32>,
 }
 
-/// Cosines and sines for one batch of positions.
+/// Cosines and sines laid out to match a `[tokens * heads, head_dim]` view of
+/// projected queries or keys (rows ordered token-major, then head), so that
+/// rotation is two element-wise products and one small matmul, with no
+/// broadcasting, slicing or concatenation (all slow on CPU backends).
 ///
 /// # Shapes
-/// - `cos`, `sin`: `[batch, 1, seq, head_dim / 2]`
+/// - `cos`, `sin`: `[tokens * heads, head_dim]`
+/// - `rotate`: `[head_dim, head_dim]`
 #[derive(Debug, Clone)]
-pub struct RopeAngles<B: Backend> {
-    cos: Tensor<B, 4>,
-    sin: Tensor<B, 4>,
+pub struct RopeTables<B: Backend> {
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
+    rotate: Tensor<B, 2>,
 }
 
 impl Rope {
@@ -49,46 +54,58 @@ impl Rope {
         &self.inv_freq
     }
 
-    /// Angles for `positions` (row-major `[batch, seq]`).
-    pub fn angles<B: Backend>(
+    /// Tables for tokens at `positions` (one per token, in batch-major
+    /// order), each token's row repeated for `heads` heads.
+    pub fn tables<B: Backend>(
         &self,
         positions: &[usize],
-        batch: usize,
-        seq: usize,
+        heads: usize,
         device: &B::Device,
-    ) -> RopeAngles<B> {
-        debug_assert_eq!(positions.len(), batch * seq);
+    ) -> RopeTables<B> {
         let half = self.inv_freq.len();
-        let mut cos = Vec::with_capacity(positions.len() * half);
-        let mut sin = Vec::with_capacity(positions.len() * half);
+        let dim = 2 * half;
+        let rows = positions.len() * heads;
+        let mut cos = Vec::with_capacity(rows * dim);
+        let mut sin = Vec::with_capacity(rows * dim);
+        let mut cos_row = vec![0.0f32; dim];
+        let mut sin_row = vec![0.0f32; dim];
         for &p in positions {
-            for &f in &self.inv_freq {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                // As HF: the angle is computed in f32, then duplicated for both halves.
                 let angle = p as f32 * f;
-                cos.push(angle.cos());
-                sin.push(angle.sin());
+                let (s, c) = angle.sin_cos();
+                cos_row[i] = c;
+                cos_row[i + half] = c;
+                sin_row[i] = s;
+                sin_row[i + half] = s;
+            }
+            for _ in 0..heads {
+                cos.extend_from_slice(&cos_row);
+                sin.extend_from_slice(&sin_row);
             }
         }
-        let shape = [batch, 1, seq, half];
-        RopeAngles {
-            cos: Tensor::from_data(TensorData::new(cos, shape), device),
-            sin: Tensor::from_data(TensorData::new(sin, shape), device),
+        // rotate_half as a matrix: (x R)[j] = -x[j + half] for j < half, x[j - half] otherwise.
+        let mut rotate = vec![0.0f32; dim * dim];
+        for j in 0..half {
+            rotate[(j + half) * dim + j] = -1.0;
+            rotate[j * dim + j + half] = 1.0;
+        }
+        RopeTables {
+            cos: Tensor::from_data(TensorData::new(cos, [rows, dim]), device),
+            sin: Tensor::from_data(TensorData::new(sin, [rows, dim]), device),
+            rotate: Tensor::from_data(TensorData::new(rotate, [dim, dim]), device),
         }
     }
 }
 
-impl<B: Backend> RopeAngles<B> {
-    /// Rotates `x`.
+impl<B: Backend> RopeTables<B> {
+    /// Rotates `x`: `x * cos + rotate_half(x) * sin`.
     ///
     /// # Shapes
-    /// - `x`: `[batch, heads, seq, head_dim]`; returns the same shape.
-    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [b, h, s, d] = x.dims();
-        let half = d / 2;
-        let x1 = x.clone().slice([0..b, 0..h, 0..s, 0..half]);
-        let x2 = x.slice([0..b, 0..h, 0..s, half..d]);
-        let r1 = x1.clone() * self.cos.clone() - x2.clone() * self.sin.clone();
-        let r2 = x2 * self.cos.clone() + x1 * self.sin.clone();
-        Tensor::cat(vec![r1, r2], 3)
+    /// - `x`: `[tokens * heads, head_dim]`; returns the same shape.
+    pub fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        let rotated = x.clone().matmul(self.rotate.clone());
+        x * self.cos.clone() + rotated * self.sin.clone()
     }
 }
 
@@ -144,28 +161,44 @@ mod tests {
             },
             8,
         );
-        let x = Tensor::<TestBackend, 4>::random(
-            [1, 2, 3, 8],
+        // Three tokens at positions 0, 5, 9; two heads each.
+        let x = Tensor::<TestBackend, 2>::random(
+            [6, 8],
             burn::tensor::Distribution::Normal(0.0, 1.0),
             &device,
         );
-        let angles = rope.angles::<TestBackend>(&[0, 5, 9], 1, 3, &device);
-        let y = angles.apply(x.clone());
+        let y = rope
+            .tables::<TestBackend>(&[0, 5, 9], 2, &device)
+            .apply(x.clone());
         let norm =
-            |t: Tensor<TestBackend, 4>| t.square().sum_dim(3).into_data().to_vec::<f32>().unwrap();
+            |t: Tensor<TestBackend, 2>| t.square().sum_dim(1).into_data().to_vec::<f32>().unwrap();
         for (a, b) in norm(x.clone()).iter().zip(norm(y.clone())) {
             assert!((a - b).abs() < 1e-4);
         }
         let x0 = x
-            .slice([0..1, 0..2, 0..1, 0..8])
+            .clone()
+            .slice([0..2, 0..8])
             .into_data()
             .to_vec::<f32>()
             .unwrap();
         let y0 = y
-            .slice([0..1, 0..2, 0..1, 0..8])
+            .clone()
+            .slice([0..2, 0..8])
             .into_data()
             .to_vec::<f32>()
             .unwrap();
         assert_eq!(x0, y0);
+        // Against the rotate-half definition: pair (i, i + 4) rotates by angle p * inv_freq[i].
+        let (xv, yv) = (
+            x.into_data().to_vec::<f32>().unwrap(),
+            y.into_data().to_vec::<f32>().unwrap(),
+        );
+        let row = 2; // token at position 5, head 0
+        for i in 0..4 {
+            let a = 5.0 * rope.inv_freq()[i];
+            let (x1, x2) = (xv[row * 8 + i], xv[row * 8 + i + 4]);
+            assert!((yv[row * 8 + i] - (x1 * a.cos() - x2 * a.sin())).abs() < 1e-5);
+            assert!((yv[row * 8 + i + 4] - (x2 * a.cos() + x1 * a.sin())).abs() < 1e-5);
+        }
     }
 }
