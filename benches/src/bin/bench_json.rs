@@ -18,6 +18,9 @@ struct Args {
     /// Model sizes, comma-separated.
     #[arg(long, value_delimiter = ',', default_values = ["1m", "25m"])]
     configs: Vec<Size>,
+    /// Workloads to run, comma-separated (forward, train_step, generate).
+    #[arg(long, value_delimiter = ',', default_values = ["forward", "train_step", "generate"])]
+    workloads: Vec<String>,
     /// Few repetitions, for a smoke test.
     #[arg(long)]
     quick: bool,
@@ -89,6 +92,9 @@ fn run<B: AutodiffBackend>(name: &str, args: &Args, device: &B::Device) -> Vec<s
             ),
         ];
         for (workload, tokens_per_iter, f) in workloads {
+            if !args.workloads.iter().any(|w| w == workload) {
+                continue;
+            }
             let (warmup, iters) = iterations(size, workload, args.quick);
             let median = median_seconds(warmup, iters, f);
             let row = json!({
