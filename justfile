@@ -55,3 +55,11 @@ bench-backends *ARGS:
 # Type-check the GPU backends (wgpu, cuda) without a GPU; separate target dir, ~10 min cold.
 check-gpu:
     cargo check --locked -p mappa-model -p mappa-benches --features wgpu,cuda --target-dir target/gpu-check
+
+# The HF parity tests on the CUDA backend (needs an NVIDIA GPU and driver).
+parity-cuda:
+    cargo test --release --locked -p mappa-model --features cuda --test hf_parity
+
+# The HF parity tests on the wgpu backend (needs a Vulkan/Metal/DX12 device).
+parity-wgpu:
+    cargo test --release --locked -p mappa-model --features wgpu --test hf_parity

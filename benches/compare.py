@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""Compare Rust (burn) benchmark results against the PyTorch reference.
+"""Compare two benchmark result files: burn against the PyTorch reference
+(`just bench-vs-torch`), or one burn backend against another
+(`just bench-backends`).
 
 Usage:
-  python benches/compare.py RUST.json TORCH.json
+  python benches/compare.py A.json B.json
 
 Both files hold a JSON list of records with (at least) the keys
 "impl", "config", "workload", "tokens_per_s" (the schema written by
 benches/torch_bench.py). Rows are matched on (config, workload) and printed to
-stdout as a markdown table with the throughput ratio burn/PyTorch
-(> 1 means burn is faster). Rows appear in the order of RUST.json.
+stdout as a markdown table with the throughput ratio A/B (> 1 means A is
+faster); the columns are named after each file's "impl" field. Rows appear in
+the order of A.json.
 
 Exits with an error (and prints no table) if a (config, workload) pair is
 present on only one side, or if a file is malformed.
@@ -54,7 +57,7 @@ def fmt_tps(x: float) -> str:
 
 def main() -> None:
     if len(sys.argv) != 3:
-        die("usage: python benches/compare.py RUST.json TORCH.json")
+        die("usage: python benches/compare.py A.json B.json")
     rust_path, torch_path = sys.argv[1], sys.argv[2]
     rust, torch = load(rust_path), load(torch_path)
 
@@ -74,7 +77,9 @@ def main() -> None:
                 print(f"compare.py: warning: config={key[0]} workload={key[1]}: "
                       f"{field} differs ({r[field]} vs {t[field]})", file=sys.stderr)
 
-    print("| config | workload | burn tok/s | PyTorch tok/s | burn/PyTorch |")
+    name_a = next(iter(rust.values())).get("impl", rust_path)
+    name_b = next(iter(torch.values())).get("impl", torch_path)
+    print(f"| config | workload | {name_a} tok/s | {name_b} tok/s | {name_a}/{name_b} |")
     print("|---|---|---:|---:|---:|")
     for key, r in rust.items():
         t = torch[key]

@@ -8,14 +8,13 @@ mod common;
 use burn::prelude::*;
 use common::*;
 use mappa_core::RngStream;
-use mappa_model::backend::Cpu;
 use mappa_model::weights::{hf_tensors, load_transformer, save_transformer};
 use mappa_model::{completion_logprobs, generate, GenerationConfig, StorageDtype, Transformer};
 
 const TOLERANCE: f32 = 1e-4;
 
-fn load(name: &str) -> Transformer<Cpu> {
-    load_transformer::<Cpu>(&model_dir(name), &Default::default())
+fn load(name: &str) -> Transformer<TestBackend> {
+    load_transformer::<TestBackend>(&model_dir(name), &Default::default())
         .unwrap_or_else(|e| panic!("loading {name}: {e}"))
 }
 
@@ -26,7 +25,7 @@ fn logits_match_hf() {
         let golden = model_golden(name);
         for case in &golden.logits {
             let ids: Vec<i32> = case.input_ids.iter().map(|&t| t as i32).collect();
-            let input = Tensor::<Cpu, 2, Int>::from_data(
+            let input = Tensor::<TestBackend, 2, Int>::from_data(
                 TensorData::new(ids, [1, case.input_ids.len()]),
                 &Default::default(),
             );
@@ -117,7 +116,7 @@ fn fixture_checkpoints_round_trip_bit_identically() {
         let model = load(name);
         let dir = tempfile::tempdir().unwrap();
         save_transformer(&model, dir.path(), StorageDtype::F32).unwrap();
-        let again = load_transformer::<Cpu>(dir.path(), &Default::default()).unwrap();
+        let again = load_transformer::<TestBackend>(dir.path(), &Default::default()).unwrap();
         assert_eq!(again.config(), model.config(), "{name}");
         assert!(
             hf_tensors(&again) == hf_tensors(&model),
@@ -146,10 +145,10 @@ fn goldens_catch_wrong_rope_settings() {
         let mut config = TransformerConfig::from_hf_file(&dir.join("config.json")).unwrap();
         mutate(&mut config);
         let set = SafetensorsSet::open_dir(&dir).unwrap();
-        let model = load_from_set::<Cpu>(config, &set, &Default::default()).unwrap();
+        let model = load_from_set::<TestBackend>(config, &set, &Default::default()).unwrap();
         let case = &model_golden(name).logits[1];
         let ids: Vec<i32> = case.input_ids.iter().map(|&t| t as i32).collect();
-        let input = Tensor::<Cpu, 2, Int>::from_data(
+        let input = Tensor::<TestBackend, 2, Int>::from_data(
             TensorData::new(ids, [1, case.input_ids.len()]),
             &Default::default(),
         );

@@ -6,6 +6,17 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+/// The backend the parity tests run on: CUDA or wgpu when the crate is built
+/// with that feature (`just parity-cuda`, `just parity-wgpu`), else the CPU backend.
+#[cfg(feature = "cuda")]
+pub type TestBackend = mappa_model::backend::Cuda;
+/// The backend the parity tests run on (see the CUDA variant).
+#[cfg(all(feature = "wgpu", not(feature = "cuda")))]
+pub type TestBackend = mappa_model::backend::Wgpu;
+/// The backend the parity tests run on (see the CUDA variant).
+#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+pub type TestBackend = mappa_model::backend::Cpu;
+
 /// The repository's `fixtures/` directory.
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
