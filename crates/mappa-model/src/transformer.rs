@@ -15,6 +15,7 @@ use burn::tensor::activation::softmax;
 
 use crate::cache::KvCache;
 use crate::config::TransformerConfig;
+use crate::error::Result;
 use crate::rope::{Rope, RopeTables};
 
 /// Grouped-query self-attention with optional QK-norm and projection biases.
@@ -412,10 +413,120 @@ impl<B: Backend> Attention<B> {
     }
 }
 
+/// Where the weights of a new model come from: a checkpoint, or a random
+/// initialiser. Names are HF tensor-name prefixes (`model.layers.0.self_attn.q_proj`).
+pub(crate) trait WeightSource<B: Backend> {
+    /// The linear layer `name`, mapping `d_in` to `d_out`, in burn layout.
+    fn linear(&mut self, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>>;
+    /// The RMSNorm weight `name` (`{name}.weight`), of length `n`.
+    fn norm(&mut self, name: &str, n: usize) -> Result<Tensor<B, 1>>;
+    /// The embedding matrix `name` (`{name}.weight`), `[vocab, hidden]`.
+    fn embedding(&mut self, name: &str, vocab: usize, hidden: usize) -> Result<Tensor<B, 2>>;
+}
+
+/// Builds a model of `config`, taking every weight from `source`: the one
+/// place that knows the model's structure and its HF names.
+pub(crate) fn assemble<B: Backend>(
+    config: TransformerConfig,
+    source: &mut impl WeightSource<B>,
+) -> Result<Transformer<B>> {
+    config.validate()?;
+    let c = &config;
+    let (h, q, kv) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+    );
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for i in 0..c.num_layers {
+        let name = |rest: &str| format!("model.layers.{i}.{rest}");
+        let projections = [
+            source.linear(&name("self_attn.q_proj"), h, q, c.qkv_bias)?,
+            source.linear(&name("self_attn.k_proj"), h, kv, c.qkv_bias)?,
+            source.linear(&name("self_attn.v_proj"), h, kv, c.qkv_bias)?,
+            source.linear(&name("self_attn.o_proj"), q, h, c.o_bias)?,
+        ];
+        let qk_norm = if c.qk_norm {
+            Some((
+                source.norm(&name("self_attn.q_norm"), c.head_dim)?,
+                source.norm(&name("self_attn.k_norm"), c.head_dim)?,
+            ))
+        } else {
+            None
+        };
+        let mlp = Mlp {
+            gate_proj: source.linear(&name("mlp.gate_proj"), h, c.intermediate_size, c.mlp_bias)?,
+            up_proj: source.linear(&name("mlp.up_proj"), h, c.intermediate_size, c.mlp_bias)?,
+            down_proj: source.linear(&name("mlp.down_proj"), c.intermediate_size, h, c.mlp_bias)?,
+        };
+        layers.push(DecoderLayer {
+            input_layernorm: rms_norm(source.norm(&name("input_layernorm"), h)?, c.rms_norm_eps),
+            self_attn: Attention::new(c, projections, qk_norm),
+            post_attention_layernorm: rms_norm(
+                source.norm(&name("post_attention_layernorm"), h)?,
+                c.rms_norm_eps,
+            ),
+            mlp,
+        });
+    }
+    let norm = rms_norm(source.norm("model.norm", h)?, c.rms_norm_eps);
+    let embed_tokens = Embedding {
+        weight: Param::from_tensor(source.embedding("model.embed_tokens", c.vocab_size, h)?),
+    };
+    let lm_head = if c.tie_word_embeddings {
+        None
+    } else {
+        Some(source.linear("lm_head", h, c.vocab_size, false)?)
+    };
+    Ok(Transformer::from_parts(
+        config,
+        embed_tokens,
+        layers,
+        norm,
+        lm_head,
+    ))
+}
+
+/// Random weights: normal with a given std, unit norms, zero biases.
+struct RandomWeights<'a, B: Backend> {
+    rng: mappa_core::RngStream,
+    std: f64,
+    device: &'a B::Device,
+}
+
+impl<B: Backend> RandomWeights<'_, B> {
+    fn normal(&mut self, d0: usize, d1: usize) -> Tensor<B, 2> {
+        let data: Vec<f32> = (0..d0 * d1)
+            .map(|_| (self.rng.normal() * self.std) as f32)
+            .collect();
+        Tensor::from_data(TensorData::new(data, [d0, d1]), self.device)
+    }
+}
+
+impl<B: Backend> WeightSource<B> for RandomWeights<'_, B> {
+    fn linear(&mut self, _: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>> {
+        let weight = self.normal(d_in, d_out);
+        Ok(linear(
+            weight,
+            bias.then(|| Tensor::zeros([d_out], self.device)),
+        ))
+    }
+
+    fn norm(&mut self, _: &str, n: usize) -> Result<Tensor<B, 1>> {
+        Ok(Tensor::ones([n], self.device))
+    }
+
+    fn embedding(&mut self, _: &str, vocab: usize, hidden: usize) -> Result<Tensor<B, 2>> {
+        Ok(self.normal(vocab, hidden))
+    }
+}
+
 impl TransformerConfig {
     /// A randomly initialised model (normal weights with std `0.02`, unit
     /// norms, zero biases), drawn from a stream seeded with `seed` on the
     /// host, so that the same seed gives the same weights on every backend.
+    ///
+    /// Panics if the config is invalid (see [`TransformerConfig::validate`]).
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Transformer<B> {
         self.init_with_std(seed, 0.02, device)
     }
@@ -427,54 +538,12 @@ impl TransformerConfig {
         std: f64,
         device: &B::Device,
     ) -> Transformer<B> {
-        let c = self;
-        let mut rng = mappa_core::RngStream::from_u64(seed);
-        let mut normal = |d0: usize, d1: usize| -> Tensor<B, 2> {
-            let data: Vec<f32> = (0..d0 * d1).map(|_| (rng.normal() * std) as f32).collect();
-            Tensor::from_data(TensorData::new(data, [d0, d1]), device)
+        let mut source = RandomWeights {
+            rng: mappa_core::RngStream::from_u64(seed),
+            std,
+            device,
         };
-        let zeros = |n: usize| Tensor::<B, 1>::zeros([n], device);
-        let ones = |n: usize| Tensor::<B, 1>::ones([n], device);
-        let mut dense = |d_in: usize, d_out: usize, bias: bool| {
-            linear(normal(d_in, d_out), bias.then(|| zeros(d_out)))
-        };
-        let (h, q, kv) = (
-            c.hidden_size,
-            c.num_heads * c.head_dim,
-            c.num_kv_heads * c.head_dim,
-        );
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for _ in 0..c.num_layers {
-            let projections = [
-                dense(h, q, c.qkv_bias),
-                dense(h, kv, c.qkv_bias),
-                dense(h, kv, c.qkv_bias),
-                dense(q, h, c.o_bias),
-            ];
-            let self_attn = Attention::new(
-                c,
-                projections,
-                c.qk_norm.then(|| (ones(c.head_dim), ones(c.head_dim))),
-            );
-            let mlp = Mlp {
-                gate_proj: dense(h, c.intermediate_size, c.mlp_bias),
-                up_proj: dense(h, c.intermediate_size, c.mlp_bias),
-                down_proj: dense(c.intermediate_size, h, c.mlp_bias),
-            };
-            layers.push(DecoderLayer {
-                input_layernorm: rms_norm(ones(h), c.rms_norm_eps),
-                self_attn,
-                post_attention_layernorm: rms_norm(ones(h), c.rms_norm_eps),
-                mlp,
-            });
-        }
-        let lm_head = (!c.tie_word_embeddings).then(|| dense(h, c.vocab_size, false));
-        drop(dense);
-        let embed_tokens = Embedding {
-            weight: Param::from_tensor(normal(c.vocab_size, h)),
-        };
-        let norm = rms_norm(ones(h), c.rms_norm_eps);
-        Transformer::from_parts(c.clone(), embed_tokens, layers, norm, lm_head)
+        assemble(self.clone(), &mut source).unwrap_or_else(|e| panic!("invalid model config: {e}"))
     }
 }
 

@@ -15,14 +15,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use burn::module::Param;
-use burn::nn::Embedding;
+use burn::nn::Linear;
 use burn::prelude::*;
 use serde_json::Value;
 
 use crate::config::TransformerConfig;
 use crate::error::{ModelError, Result};
-use crate::transformer::{linear, rms_norm, Attention, DecoderLayer, Mlp, Transformer};
+use crate::transformer::{assemble, linear, Transformer, WeightSource};
 
 /// How tensors are stored on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -341,15 +340,11 @@ impl<B: Backend> Reader<'_, B> {
         let v = self.values(name, &[n])?;
         Ok(Tensor::from_data(TensorData::new(v, [n]), self.device))
     }
+}
 
+impl<B: Backend> WeightSource<B> for Reader<'_, B> {
     /// A HF linear layer `prefix.weight` (`[out, in]`, transposed here) and `prefix.bias`.
-    fn linear(
-        &mut self,
-        prefix: &str,
-        d_in: usize,
-        d_out: usize,
-        bias: bool,
-    ) -> Result<burn::nn::Linear<B>> {
+    fn linear(&mut self, prefix: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>> {
         let w = self.values(&format!("{prefix}.weight"), &[d_out, d_in])?;
         let w = Tensor::from_data(
             TensorData::new(transpose(&w, d_out, d_in), [d_in, d_out]),
@@ -362,6 +357,18 @@ impl<B: Backend> Reader<'_, B> {
         };
         Ok(linear(w, b))
     }
+
+    fn norm(&mut self, name: &str, n: usize) -> Result<Tensor<B, 1>> {
+        self.vector(&format!("{name}.weight"), n)
+    }
+
+    fn embedding(&mut self, name: &str, vocab: usize, hidden: usize) -> Result<Tensor<B, 2>> {
+        let v = self.values(&format!("{name}.weight"), &[vocab, hidden])?;
+        Ok(Tensor::from_data(
+            TensorData::new(v, [vocab, hidden]),
+            self.device,
+        ))
+    }
 }
 
 /// Builds a model from a set of safetensors files.
@@ -370,69 +377,16 @@ pub fn load_from_set<B: Backend>(
     set: &SafetensorsSet,
     device: &B::Device,
 ) -> Result<Transformer<B>> {
-    config.validate()?;
-    let c = &config;
-    let mut r = Reader::<B> {
+    let mut reader = Reader::<B> {
         set,
         device,
         used: BTreeSet::new(),
     };
-    let (h, q, kv) = (
-        c.hidden_size,
-        c.num_heads * c.head_dim,
-        c.num_kv_heads * c.head_dim,
-    );
-    let mut layers = Vec::with_capacity(c.num_layers);
-    for i in 0..c.num_layers {
-        let name = |rest: &str| layer_name(i, rest);
-        let projections = [
-            r.linear(&name("self_attn.q_proj"), h, q, c.qkv_bias)?,
-            r.linear(&name("self_attn.k_proj"), h, kv, c.qkv_bias)?,
-            r.linear(&name("self_attn.v_proj"), h, kv, c.qkv_bias)?,
-            r.linear(&name("self_attn.o_proj"), q, h, c.o_bias)?,
-        ];
-        let qk_norm = if c.qk_norm {
-            Some((
-                r.vector(&name("self_attn.q_norm.weight"), c.head_dim)?,
-                r.vector(&name("self_attn.k_norm.weight"), c.head_dim)?,
-            ))
-        } else {
-            None
-        };
-        let mlp = Mlp {
-            gate_proj: r.linear(&name("mlp.gate_proj"), h, c.intermediate_size, c.mlp_bias)?,
-            up_proj: r.linear(&name("mlp.up_proj"), h, c.intermediate_size, c.mlp_bias)?,
-            down_proj: r.linear(&name("mlp.down_proj"), c.intermediate_size, h, c.mlp_bias)?,
-        };
-        layers.push(DecoderLayer {
-            input_layernorm: rms_norm(
-                r.vector(&name("input_layernorm.weight"), h)?,
-                c.rms_norm_eps,
-            ),
-            self_attn: Attention::new(c, projections, qk_norm),
-            post_attention_layernorm: rms_norm(
-                r.vector(&name("post_attention_layernorm.weight"), h)?,
-                c.rms_norm_eps,
-            ),
-            mlp,
-        });
-    }
-    let norm = rms_norm(r.vector("model.norm.weight", h)?, c.rms_norm_eps);
-    let embed = r.values("model.embed_tokens.weight", &[c.vocab_size, h])?;
-    let embed_tokens = Embedding {
-        weight: Param::from_tensor(Tensor::from_data(
-            TensorData::new(embed, [c.vocab_size, h]),
-            device,
-        )),
-    };
-    let lm_head = if c.tie_word_embeddings {
-        None
-    } else {
-        Some(r.linear("lm_head", h, c.vocab_size, false)?)
-    };
+    let model = assemble(config, &mut reader)?;
+    let c = model.config();
     if let Some(extra) = set
         .names()
-        .find(|n| !r.used.contains(*n) && !is_ignorable(n, c))
+        .find(|n| !reader.used.contains(*n) && !is_ignorable(n, c))
     {
         let file = &set.files[set.tensors[extra].file].0;
         return Err(ModelError::weights(
@@ -442,13 +396,7 @@ pub fn load_from_set<B: Backend>(
             ),
         ));
     }
-    Ok(Transformer::from_parts(
-        config,
-        embed_tokens,
-        layers,
-        norm,
-        lm_head,
-    ))
+    Ok(model)
 }
 
 /// Loads `config.json` and the safetensors weights of the HF checkpoint directory `dir`.

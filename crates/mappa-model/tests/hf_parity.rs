@@ -18,20 +18,25 @@ fn load(name: &str) -> Transformer<TestBackend> {
         .unwrap_or_else(|e| panic!("loading {name}: {e}"))
 }
 
+/// Largest difference between the model's logits and HF's on one golden input.
+fn logits_diff(model: &Transformer<TestBackend>, case: &LogitsCase) -> f32 {
+    let ids: Vec<i32> = case.input_ids.iter().map(|&t| t as i32).collect();
+    let input = Tensor::<TestBackend, 2, Int>::from_data(
+        TensorData::new(ids, [1, case.input_ids.len()]),
+        &Default::default(),
+    );
+    let logits = model.forward(input).into_data().into_vec::<f32>().unwrap();
+    let expected: Vec<f32> = case.logits.iter().flatten().copied().collect();
+    max_abs_diff(&logits, &expected)
+}
+
 #[test]
 fn logits_match_hf() {
     for name in MODELS {
         let model = load(name);
         let golden = model_golden(name);
         for case in &golden.logits {
-            let ids: Vec<i32> = case.input_ids.iter().map(|&t| t as i32).collect();
-            let input = Tensor::<TestBackend, 2, Int>::from_data(
-                TensorData::new(ids, [1, case.input_ids.len()]),
-                &Default::default(),
-            );
-            let logits = model.forward(input).into_data().into_vec::<f32>().unwrap();
-            let expected: Vec<f32> = case.logits.iter().flatten().copied().collect();
-            let diff = max_abs_diff(&logits, &expected);
+            let diff = logits_diff(&model, case);
             assert!(diff < TOLERANCE, "{name}: logits differ from HF by {diff}");
         }
     }
@@ -147,14 +152,7 @@ fn goldens_catch_wrong_rope_settings() {
         let set = SafetensorsSet::open_dir(&dir).unwrap();
         let model = load_from_set::<TestBackend>(config, &set, &Default::default()).unwrap();
         let case = &model_golden(name).logits[1];
-        let ids: Vec<i32> = case.input_ids.iter().map(|&t| t as i32).collect();
-        let input = Tensor::<TestBackend, 2, Int>::from_data(
-            TensorData::new(ids, [1, case.input_ids.len()]),
-            &Default::default(),
-        );
-        let logits = model.forward(input).into_data().into_vec::<f32>().unwrap();
-        let expected: Vec<f32> = case.logits.iter().flatten().copied().collect();
-        let diff = max_abs_diff(&logits, &expected);
+        let diff = logits_diff(&model, case);
         assert!(
             diff > 100.0 * TOLERANCE,
             "{name}: a wrong RoPE setting moved logits by only {diff}"
