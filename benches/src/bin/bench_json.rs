@@ -43,6 +43,9 @@ fn iterations(size: Size, workload: &str, quick: bool) -> (usize, usize) {
     }
 }
 
+/// A named workload, the tokens one run of it processes, and the run itself.
+type Workload<'a> = (&'static str, usize, Box<dyn FnMut() + 'a>);
+
 fn median_seconds(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     for _ in 0..warmup {
         f();
@@ -68,7 +71,7 @@ fn run<B: AutodiffBackend>(name: &str, args: &Args, device: &B::Device) -> Vec<s
         let mut trainer = Trainer::<B>::new(&config, device);
         let train_tokens = to_tensor::<B>(&ids, device);
         let prompts = random_tokens(config.vocab_size, BATCH, PROMPT, 2);
-        let workloads: [(&str, usize, Box<dyn FnMut() + '_>); 3] = [
+        let workloads: [Workload<'_>; 3] = [
             (
                 "forward",
                 BATCH * SEQ,

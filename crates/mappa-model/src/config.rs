@@ -238,13 +238,13 @@ impl TransformerConfig {
                 format!("{} must be even for RoPE", self.head_dim),
             );
         }
-        if !(self.rope.theta > 0.0) {
+        if self.rope.theta.is_nan() || self.rope.theta <= 0.0 {
             return field(
                 "rope_theta",
                 format!("{} must be positive", self.rope.theta),
             );
         }
-        if !(self.rms_norm_eps > 0.0) {
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 {
             return field(
                 "rms_norm_eps",
                 format!("{} must be positive", self.rms_norm_eps),
@@ -454,7 +454,9 @@ impl HfConfig {
                     original_max_position_embeddings: need("original_max_position_embeddings")?
                         as usize,
                 };
-                if !(scaling.high_freq_factor > scaling.low_freq_factor) {
+                if scaling.high_freq_factor.is_nan()
+                    || scaling.high_freq_factor <= scaling.low_freq_factor
+                {
                     return Err(ModelError::config(
                         None,
                         &format!("{source}.high_freq_factor"),
