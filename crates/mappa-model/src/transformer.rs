@@ -5,11 +5,12 @@
 //!
 //! Field names mirror the HF module names (`self_attn.q_proj`, `mlp.gate_proj`,
 //! `input_layernorm`, ...) so that the mapping to checkpoint tensors is plain.
-//! Linear weights are kept in burn's `[in, out]` layout; the weight loader
-//! transposes HF's `[out, in]`.
+//! Linear weights are kept in HF's `[out, in]` layout ([`Dense`]), so that
+//! checkpoints load and save without transposes and decoding can multiply
+//! the weight by the (few) token rows rather than the other way round.
 
 use burn::module::Param;
-use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::nn::{Embedding, RmsNorm};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 
@@ -22,13 +23,13 @@ use crate::rope::{Rope, RopeTables};
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
     /// Query projection, `[hidden, num_heads * head_dim]`.
-    pub q_proj: Linear<B>,
+    pub q_proj: Dense<B>,
     /// Key projection, `[hidden, num_kv_heads * head_dim]`.
-    pub k_proj: Linear<B>,
+    pub k_proj: Dense<B>,
     /// Value projection, `[hidden, num_kv_heads * head_dim]`.
-    pub v_proj: Linear<B>,
+    pub v_proj: Dense<B>,
     /// Output projection, `[num_heads * head_dim, hidden]`.
-    pub o_proj: Linear<B>,
+    pub o_proj: Dense<B>,
     /// Per-head query RMSNorm (Qwen3).
     pub q_norm: Option<RmsNorm<B>>,
     /// Per-head key RMSNorm (Qwen3).
@@ -42,11 +43,11 @@ pub struct Attention<B: Backend> {
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     /// Gate projection, `[hidden, intermediate]`.
-    pub gate_proj: Linear<B>,
+    pub gate_proj: Dense<B>,
     /// Up projection, `[hidden, intermediate]`.
-    pub up_proj: Linear<B>,
+    pub up_proj: Dense<B>,
     /// Down projection, `[intermediate, hidden]`.
-    pub down_proj: Linear<B>,
+    pub down_proj: Dense<B>,
 }
 
 /// One pre-norm decoder layer.
@@ -72,7 +73,7 @@ pub struct Transformer<B: Backend> {
     /// Final RMSNorm.
     pub norm: RmsNorm<B>,
     /// Output projection `[hidden, vocab]`; `None` when tied to `embed_tokens`.
-    pub lm_head: Option<Linear<B>>,
+    pub lm_head: Option<Dense<B>>,
     #[module(skip)]
     config: TransformerConfig,
     #[module(skip)]
@@ -94,13 +95,46 @@ pub struct LayerInputs<B: Backend> {
     pub seq: usize,
 }
 
-/// A linear layer applied to a `[tokens, in]` matrix with one 2-D matmul
-/// (faster on CPU backends than burn's batched `Linear::forward` on 3-D input).
-fn linear_2d<B: Backend>(layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
-    let y = x.matmul(layer.weight.val());
-    match &layer.bias {
-        Some(bias) => y + bias.val().unsqueeze::<2>(),
+/// A linear layer stored as HF stores it.
+#[derive(Module, Debug)]
+pub struct Dense<B: Backend> {
+    /// `[out, in]`.
+    pub weight: Param<Tensor<B, 2>>,
+    /// `[out]`, when the layer has a bias.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+/// At or below this many token rows, [`Dense::forward`] computes `W xᵀ`
+/// rather than `x Wᵀ`: with few rows (decoding) that streams the weight
+/// matrix through the matmul about 1.7x faster on the CPU backend.
+const FEW_ROWS: usize = 64;
+
+/// `x Wᵀ (+ b)` for `W` of shape `[out, in]`.
+///
+/// # Shapes
+/// - `x`: `[rows, in]`; returns `[rows, out]`.
+fn dense_forward<B: Backend>(
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    x: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    let rows = x.dims()[0];
+    let y = if rows <= FEW_ROWS {
+        weight.matmul(x.transpose()).transpose()
+    } else {
+        x.matmul(weight.transpose())
+    };
+    match bias {
+        Some(b) => y + b.unsqueeze::<2>(),
         None => y,
+    }
+}
+
+impl<B: Backend> Dense<B> {
+    /// # Shapes
+    /// - `x`: `[rows, in]`; returns `[rows, out]`.
+    pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        dense_forward(self.weight.val(), self.bias.as_ref().map(Param::val), x)
     }
 }
 
@@ -121,9 +155,9 @@ impl<B: Backend> Attention<B> {
         let rep = h / kvh;
         let n = b * s;
         // One row per (token, head).
-        let mut q = linear_2d(&self.q_proj, x.clone()).reshape([n * h, hd]);
-        let mut k = linear_2d(&self.k_proj, x.clone()).reshape([n * kvh, hd]);
-        let v = linear_2d(&self.v_proj, x);
+        let mut q = self.q_proj.forward(x.clone()).reshape([n * h, hd]);
+        let mut k = self.k_proj.forward(x.clone()).reshape([n * kvh, hd]);
+        let v = self.v_proj.forward(x);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(q);
             k = kn.forward(k);
@@ -144,7 +178,7 @@ impl<B: Backend> Attention<B> {
         let probs = softmax(scores, 4);
         let out = probs.matmul(v.unsqueeze_dim::<5>(2)); // [b, kvh, rep, s, hd]
         let out = out.permute([0, 3, 1, 2, 4]).reshape([n, h * hd]);
-        linear_2d(&self.o_proj, out)
+        self.o_proj.forward(out)
     }
 }
 
@@ -152,10 +186,10 @@ impl<B: Backend> Mlp<B> {
     /// # Shapes
     /// - `x`: `[tokens, hidden]`; returns the same shape.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let gate = linear_2d(&self.gate_proj, x.clone());
+        let gate = self.gate_proj.forward(x.clone());
         // silu(g) = g / (1 + e^-g): one exp pass, faster than g * sigmoid(g) on CPU.
         let gate = gate.clone() / ((-gate).exp() + 1.0);
-        linear_2d(&self.down_proj, gate * linear_2d(&self.up_proj, x))
+        self.down_proj.forward(gate * self.up_proj.forward(x))
     }
 }
 
@@ -254,7 +288,7 @@ impl<B: Backend> Transformer<B> {
         embed_tokens: Embedding<B>,
         layers: Vec<DecoderLayer<B>>,
         norm: RmsNorm<B>,
-        lm_head: Option<Linear<B>>,
+        lm_head: Option<Dense<B>>,
     ) -> Self {
         let rope = Rope::new(&config.rope, config.head_dim);
         Self {
@@ -333,8 +367,8 @@ impl<B: Backend> Transformer<B> {
         let [b, s, h] = hidden.dims();
         let hidden = hidden.reshape([b * s, h]);
         let logits = match &self.lm_head {
-            Some(head) => linear_2d(head, hidden),
-            None => hidden.matmul(self.embed_tokens.weight.val().transpose()),
+            Some(head) => head.forward(hidden),
+            None => dense_forward(self.embed_tokens.weight.val(), None, hidden),
         };
         let vocab = logits.dims()[1];
         logits.reshape([b, s, vocab])
@@ -377,9 +411,9 @@ pub(crate) fn rms_norm<B: Backend>(gamma: Tensor<B, 1>, epsilon: f64) -> RmsNorm
     }
 }
 
-/// A linear layer from a burn-layout `[in, out]` weight and an optional bias.
-pub(crate) fn linear<B: Backend>(weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Linear<B> {
-    Linear {
+/// A dense layer from an `[out, in]` weight and an optional bias.
+pub(crate) fn dense<B: Backend>(weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>) -> Dense<B> {
+    Dense {
         weight: Param::from_tensor(weight),
         bias: bias.map(Param::from_tensor),
     }
@@ -389,7 +423,7 @@ impl<B: Backend> Attention<B> {
     /// Assembles an attention block; `qk_norm` holds the query and key norm weights.
     pub(crate) fn new(
         config: &TransformerConfig,
-        [q_proj, k_proj, v_proj, o_proj]: [Linear<B>; 4],
+        [q_proj, k_proj, v_proj, o_proj]: [Dense<B>; 4],
         qk_norm: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
     ) -> Self {
         let (q_norm, k_norm) = match qk_norm {
@@ -416,8 +450,8 @@ impl<B: Backend> Attention<B> {
 /// Where the weights of a new model come from: a checkpoint, or a random
 /// initialiser. Names are HF tensor-name prefixes (`model.layers.0.self_attn.q_proj`).
 pub(crate) trait WeightSource<B: Backend> {
-    /// The linear layer `name`, mapping `d_in` to `d_out`, in burn layout.
-    fn linear(&mut self, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>>;
+    /// The linear layer `name`, mapping `d_in` to `d_out` (weight `[d_out, d_in]`).
+    fn linear(&mut self, name: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Dense<B>>;
     /// The RMSNorm weight `name` (`{name}.weight`), of length `n`.
     fn norm(&mut self, name: &str, n: usize) -> Result<Tensor<B, 1>>;
     /// The embedding matrix `name` (`{name}.weight`), `[vocab, hidden]`.
@@ -504,9 +538,9 @@ impl<B: Backend> RandomWeights<'_, B> {
 }
 
 impl<B: Backend> WeightSource<B> for RandomWeights<'_, B> {
-    fn linear(&mut self, _: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>> {
-        let weight = self.normal(d_in, d_out);
-        Ok(linear(
+    fn linear(&mut self, _: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Dense<B>> {
+        let weight = self.normal(d_out, d_in);
+        Ok(dense(
             weight,
             bias.then(|| Tensor::zeros([d_out], self.device)),
         ))

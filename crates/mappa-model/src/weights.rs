@@ -15,13 +15,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use burn::nn::Linear;
 use burn::prelude::*;
 use serde_json::Value;
 
 use crate::config::TransformerConfig;
 use crate::error::{ModelError, Result};
-use crate::transformer::{assemble, linear, Transformer, WeightSource};
+use crate::transformer::{assemble, dense, Dense, Transformer, WeightSource};
 
 /// How tensors are stored on disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -343,19 +342,16 @@ impl<B: Backend> Reader<'_, B> {
 }
 
 impl<B: Backend> WeightSource<B> for Reader<'_, B> {
-    /// A HF linear layer `prefix.weight` (`[out, in]`, transposed here) and `prefix.bias`.
-    fn linear(&mut self, prefix: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Linear<B>> {
+    /// A HF linear layer: `prefix.weight` (`[out, in]`) and `prefix.bias`.
+    fn linear(&mut self, prefix: &str, d_in: usize, d_out: usize, bias: bool) -> Result<Dense<B>> {
         let w = self.values(&format!("{prefix}.weight"), &[d_out, d_in])?;
-        let w = Tensor::from_data(
-            TensorData::new(transpose(&w, d_out, d_in), [d_in, d_out]),
-            self.device,
-        );
+        let w = Tensor::from_data(TensorData::new(w, [d_out, d_in]), self.device);
         let b = if bias {
             Some(self.vector(&format!("{prefix}.bias"), d_out)?)
         } else {
             None
         };
-        Ok(linear(w, b))
+        Ok(dense(w, b))
     }
 
     fn norm(&mut self, name: &str, n: usize) -> Result<Tensor<B, 1>> {
@@ -406,77 +402,74 @@ pub fn load_transformer<B: Backend>(dir: &Path, device: &B::Device) -> Result<Tr
     load_from_set(config, &set, device)
 }
 
-/// The model's tensors under HF names, in HF layout (`[out, in]` for linear weights).
+/// The model's tensors under HF names, in HF layout, as host f32 values.
 pub fn hf_tensors<B: Backend>(model: &Transformer<B>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    let mut out = Vec::new();
-    let host = |t: Tensor<B, 2>| -> (Vec<usize>, Vec<f32>) {
-        let [r, c] = t.dims();
-        (
-            vec![r, c],
-            t.into_data()
-                .convert::<f32>()
-                .into_vec::<f32>()
-                .expect("f32 data"),
-        )
-    };
-    let vector = |t: Tensor<B, 1>| -> Vec<f32> {
-        t.into_data()
+    fn host<B: Backend, const D: usize>(
+        name: String,
+        t: Tensor<B, D>,
+    ) -> (String, Vec<usize>, Vec<f32>) {
+        let shape = t.dims().to_vec();
+        let values = t
+            .into_data()
             .convert::<f32>()
             .into_vec::<f32>()
-            .expect("f32 data")
-    };
-    let push_linear = |out: &mut Vec<_>, prefix: String, l: &burn::nn::Linear<B>| {
-        let (shape, w) = host(l.weight.val());
-        out.push((
-            format!("{prefix}.weight"),
-            vec![shape[1], shape[0]],
-            transpose(&w, shape[0], shape[1]),
-        ));
-        if let Some(b) = &l.bias {
-            out.push((format!("{prefix}.bias"), vec![shape[1]], vector(b.val())));
+            .expect("f32 data");
+        (name, shape, values)
+    }
+    fn dense<B: Backend>(
+        out: &mut Vec<(String, Vec<usize>, Vec<f32>)>,
+        prefix: String,
+        d: &Dense<B>,
+    ) {
+        out.push(host(format!("{prefix}.weight"), d.weight.val()));
+        if let Some(b) = &d.bias {
+            out.push(host(format!("{prefix}.bias"), b.val()));
         }
-    };
-    let (shape, embed) = host(model.embed_tokens.weight.val());
-    out.push(("model.embed_tokens.weight".to_string(), shape, embed));
+    }
+    let mut out = vec![host(
+        "model.embed_tokens.weight".into(),
+        model.embed_tokens.weight.val(),
+    )];
     for (i, layer) in model.layers.iter().enumerate() {
         let a = &layer.self_attn;
-        for (name, l) in [
+        for (name, d) in [
             ("q_proj", &a.q_proj),
             ("k_proj", &a.k_proj),
             ("v_proj", &a.v_proj),
             ("o_proj", &a.o_proj),
         ] {
-            push_linear(&mut out, layer_name(i, &format!("self_attn.{name}")), l);
+            dense(&mut out, layer_name(i, &format!("self_attn.{name}")), d);
         }
         if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            for (name, n) in [("q_norm", qn), ("k_norm", kn)] {
-                let v = vector(n.gamma.val());
-                out.push((
-                    layer_name(i, &format!("self_attn.{name}.weight")),
-                    vec![v.len()],
-                    v,
-                ));
-            }
+            out.push(host(
+                layer_name(i, "self_attn.q_norm.weight"),
+                qn.gamma.val(),
+            ));
+            out.push(host(
+                layer_name(i, "self_attn.k_norm.weight"),
+                kn.gamma.val(),
+            ));
         }
-        for (name, l) in [
-            ("gate_proj", &layer.mlp.gate_proj),
-            ("up_proj", &layer.mlp.up_proj),
-            ("down_proj", &layer.mlp.down_proj),
+        let m = &layer.mlp;
+        for (name, d) in [
+            ("gate_proj", &m.gate_proj),
+            ("up_proj", &m.up_proj),
+            ("down_proj", &m.down_proj),
         ] {
-            push_linear(&mut out, layer_name(i, &format!("mlp.{name}")), l);
+            dense(&mut out, layer_name(i, &format!("mlp.{name}")), d);
         }
-        for (name, n) in [
-            ("input_layernorm", &layer.input_layernorm),
-            ("post_attention_layernorm", &layer.post_attention_layernorm),
-        ] {
-            let v = vector(n.gamma.val());
-            out.push((layer_name(i, &format!("{name}.weight")), vec![v.len()], v));
-        }
+        out.push(host(
+            layer_name(i, "input_layernorm.weight"),
+            layer.input_layernorm.gamma.val(),
+        ));
+        out.push(host(
+            layer_name(i, "post_attention_layernorm.weight"),
+            layer.post_attention_layernorm.gamma.val(),
+        ));
     }
-    let v = vector(model.norm.gamma.val());
-    out.push(("model.norm.weight".to_string(), vec![v.len()], v));
+    out.push(host("model.norm.weight".into(), model.norm.gamma.val()));
     if let Some(head) = &model.lm_head {
-        push_linear(&mut out, "lm_head".to_string(), head);
+        dense(&mut out, "lm_head".into(), head);
     }
     out
 }
@@ -559,17 +552,6 @@ pub fn save_transformer<B: Backend>(
     let text = serde_json::to_string_pretty(&config).expect("config serialises");
     mappa_core::fs::write_atomic(&dir.join("config.json"), text.as_bytes())?;
     Ok(())
-}
-
-/// Transposes a row-major `rows x cols` matrix.
-fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; values.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = values[r * cols + c];
-        }
-    }
-    out
 }
 
 #[cfg(test)]
