@@ -1,0 +1,13 @@
+//! Everything mappa's agents act on and are graded by, with no tensor library.
+//!
+//! - [`math`]: extracting a final answer from a model's output, normalising
+//!   it, and deciding equivalence with a reference answer, exactly (never by
+//!   evaluating the answer as code).
+//! - [`datasets`]: the AIME/AMC benchmark files: loading, seeded sampling
+//!   without replacement, and train/eval overlap checks.
+//! - [`math_tasks`]: a seeded generator of small AIME-format problems
+//!   (integer answers 0-999) with solution steps and checking programs.
+
+pub mod datasets;
+pub mod math;
+pub mod math_tasks;
