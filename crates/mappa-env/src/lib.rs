@@ -7,7 +7,11 @@
 //!   without replacement, and train/eval overlap checks.
 //! - [`math_tasks`]: a seeded generator of small AIME-format problems
 //!   (integer answers 0-999) with solution steps and checking programs.
+//! - [`tabular`]: DSBench data-modelling tasks: loading the task files,
+//!   scoring submissions joined by id, fair aggregate metrics, and a seeded
+//!   generator of tabular tasks with known achievable scores.
 
 pub mod datasets;
 pub mod math;
 pub mod math_tasks;
+pub mod tabular;
