@@ -63,3 +63,12 @@ parity-cuda:
 # The HF parity tests on the wgpu backend (needs a Vulkan/Metal/DX12 device).
 parity-wgpu:
     cargo test --release --locked -p mappa-model --features wgpu --test hf_parity
+
+# Everything a GPU machine should check, in one go: parity on cuda and wgpu, then the speed workloads on both.
+gpu-checks:
+    just parity-cuda
+    just parity-wgpu
+    mkdir -p target/bench
+    cargo run --release --locked -p mappa-benches --features cuda --bin bench_json -- --backend cuda --out target/bench/cuda.json > /dev/null
+    cargo run --release --locked -p mappa-benches --features wgpu --bin bench_json -- --backend wgpu --out target/bench/wgpu.json > /dev/null
+    python3 benches/compare.py target/bench/cuda.json target/bench/wgpu.json

@@ -12,7 +12,7 @@ use serde_json::json;
 #[derive(Parser)]
 #[command(about = "Time mappa's model workloads and print JSON rows")]
 struct Args {
-    /// Backend to run on.
+    /// Backend to run on: flex, or ndarray / cuda / wgpu when built with that feature.
     #[arg(long, default_value = "flex")]
     backend: String,
     /// Model sizes, comma-separated.
@@ -128,19 +128,34 @@ fn main() {
     let rows = match args.backend.as_str() {
         "flex" => run::<mappa_model::backend::CpuAutodiff>("flex", &args, &Default::default()),
         #[cfg(feature = "ndarray")]
-        "ndarray" => run::<burn::backend::Autodiff<mappa_model::backend::NdArray>>(
-            "ndarray",
+        "ndarray" => {
+            run::<Autodiff<mappa_model::backend::NdArray>>("ndarray", &args, &Default::default())
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => run::<burn::backend::Autodiff<mappa_model::backend::Cuda>>(
+            "cuda",
+            &args,
+            &Default::default(),
+        ),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => run::<burn::backend::Autodiff<mappa_model::backend::Wgpu>>(
+            "wgpu",
             &args,
             &Default::default(),
         ),
         other => {
+            let built: Vec<&str> = [
+                (true, "flex"),
+                (cfg!(feature = "ndarray"), "ndarray"),
+                (cfg!(feature = "cuda"), "cuda"),
+                (cfg!(feature = "wgpu"), "wgpu"),
+            ]
+            .into_iter()
+            .filter_map(|(on, name)| on.then_some(name))
+            .collect();
             eprintln!(
-                "backend `{other}` is not available in this build (built: flex{})",
-                if cfg!(feature = "ndarray") {
-                    ", ndarray"
-                } else {
-                    ""
-                }
+                "backend `{other}` is not available in this build (built: {}; enable the cargo feature of the same name)",
+                built.join(", ")
             );
             std::process::exit(2);
         }
