@@ -454,6 +454,25 @@ impl HfConfig {
                     original_max_position_embeddings: need("original_max_position_embeddings")?
                         as usize,
                 };
+                for (key, value) in [
+                    ("factor", scaling.factor),
+                    ("low_freq_factor", scaling.low_freq_factor),
+                ] {
+                    if value.is_nan() || value <= 0.0 {
+                        return Err(ModelError::config(
+                            None,
+                            &format!("{source}.{key}"),
+                            format!("{value} must be positive"),
+                        ));
+                    }
+                }
+                if scaling.original_max_position_embeddings == 0 {
+                    return Err(ModelError::config(
+                        None,
+                        &format!("{source}.original_max_position_embeddings"),
+                        "must be at least 1".into(),
+                    ));
+                }
                 if scaling.high_freq_factor.is_nan()
                     || scaling.high_freq_factor <= scaling.low_freq_factor
                 {
@@ -674,6 +693,14 @@ mod tests {
                     json!({"layer_types": ["full_attention", "sliding_attention"]}),
                 ),
                 "layer_types",
+            ),
+            (
+                with(
+                    base("llama"),
+                    json!({"rope_scaling": {"rope_type": "llama3", "factor": 0.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}),
+                ),
+                "rope_scaling.factor",
             ),
         ];
         for (json, field) in cases {

@@ -46,6 +46,9 @@ pub enum ModelError {
     /// A request to the model is inconsistent (bad shapes, empty batch, ids out of range).
     #[error("invalid input: {0}")]
     Input(String),
+    /// The model produced NaN or infinite values.
+    #[error("numerical error: {0}")]
+    NonFinite(String),
 }
 
 impl ModelError {

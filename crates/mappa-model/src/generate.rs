@@ -111,6 +111,12 @@ pub fn generate<B: Backend>(
                 next.push(0);
                 continue;
             }
+            if let Some(i) = logits[r].iter().position(|l| !l.is_finite()) {
+                return Err(ModelError::NonFinite(format!(
+                    "logit {i} of prompt {r} is {} at generation step {step}",
+                    logits[r][i]
+                )));
+            }
             let choice = choose(&logits[r], &config.sampling, &mut rngs[r]);
             row.push(choice.token, choice.logprob);
             next.push(choice.token as i32);

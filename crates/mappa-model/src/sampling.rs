@@ -10,6 +10,9 @@
 use mappa_core::RngStream;
 use serde::{Deserialize, Serialize};
 
+/// The smallest non-zero temperature accepted: below it, `logits / T` can overflow f32.
+pub const MIN_TEMPERATURE: f32 = 1e-3;
+
 /// How the next token is chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct SamplingConfig {
@@ -59,6 +62,12 @@ impl SamplingConfig {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(format!(
                 "temperature {} must be finite and >= 0",
+                self.temperature
+            ));
+        }
+        if self.temperature > 0.0 && self.temperature < MIN_TEMPERATURE {
+            return Err(format!(
+                "temperature {} is below {MIN_TEMPERATURE}: scaled logits would overflow; use 0 for greedy decoding",
                 self.temperature
             ));
         }
@@ -116,11 +125,13 @@ pub fn choose(logits: &[f32], config: &SamplingConfig, rng: &mut RngStream) -> C
             order.truncate(config.top_k);
         }
         if config.top_p < 1.0 {
+            // As HF and vLLM: the nucleus is taken within the top-k set, renormalised.
+            let mass: f64 = order.iter().map(|&i| probs[i]).sum();
             let mut cumulative = 0.0;
             let keep = order
                 .iter()
                 .position(|&i| {
-                    cumulative += probs[i];
+                    cumulative += probs[i] / mass;
                     cumulative >= config.top_p as f64
                 })
                 .map_or(order.len(), |p| p + 1);
@@ -192,6 +203,30 @@ mod tests {
         for _ in 0..500 {
             assert!(choose(&logits, &config, &mut rng).token < 2);
         }
+    }
+
+    #[test]
+    fn top_p_is_taken_within_the_renormalised_top_k() {
+        // p ~ [0.45, 0.45, 0.1 spread over the tail]; top-2 holds 0.9 of the mass.
+        let mut logits = vec![3.0f32, 3.0];
+        logits.extend(std::iter::repeat_n(-1.0, 20));
+        let config = SamplingConfig {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 0.5,
+        };
+        // Within the renormalised top-2 each has 0.5: the nucleus is the first alone.
+        let mut rng = RngStream::from_u64(4);
+        for _ in 0..200 {
+            assert_eq!(choose(&logits, &config, &mut rng).token, 0);
+        }
+    }
+
+    #[test]
+    fn tiny_temperatures_are_refused() {
+        assert!(SamplingConfig::with_temperature(1e-6).validate().is_err());
+        assert!(SamplingConfig::with_temperature(0.0).validate().is_ok());
+        assert!(SamplingConfig::with_temperature(0.6).validate().is_ok());
     }
 
     #[test]

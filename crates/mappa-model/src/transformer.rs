@@ -12,7 +12,7 @@
 use burn::module::Param;
 use burn::nn::{Embedding, RmsNorm};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
+use burn::tensor::activation::{silu, softmax};
 
 use crate::cache::KvCache;
 use crate::config::TransformerConfig;
@@ -187,8 +187,10 @@ impl<B: Backend> Mlp<B> {
     /// - `x`: `[tokens, hidden]`; returns the same shape.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let gate = self.gate_proj.forward(x.clone());
-        // silu(g) = g / (1 + e^-g): one exp pass, faster than g * sigmoid(g) on CPU.
-        let gate = gate.clone() / ((-gate).exp() + 1.0);
+        // burn's silu (g * sigmoid(g)) has a finite gradient everywhere; the
+        // faster-looking g / (1 + e^-g) gives 0 * inf = NaN in the backward
+        // pass once e^-g overflows (g < -88 in f32).
+        let gate = silu(gate);
         self.down_proj.forward(gate * self.up_proj.forward(x))
     }
 }
@@ -625,6 +627,32 @@ mod tests {
             .forward(tokens);
         assert_eq!(a.to_data(), b.to_data());
         assert_ne!(a.to_data(), c.to_data());
+    }
+
+    #[test]
+    fn mlp_gradients_stay_finite_for_saturated_gates() {
+        use crate::backend::CpuAutodiff;
+        let device = Default::default();
+        let config = tiny(Family::Llama);
+        let model = config.init::<CpuAutodiff>(1, &device);
+        let mlp = &model.layers[0].mlp;
+        // Inputs large enough to push some gate pre-activations far below -88.
+        let x = Tensor::<CpuAutodiff, 2>::random(
+            [4, 16],
+            burn::tensor::Distribution::Normal(0.0, 1.0),
+            &device,
+        ) * 1.0e5;
+        let grads = mlp.forward(x).sum().backward();
+        for (name, g) in [
+            ("gate_proj", mlp.gate_proj.weight.grad(&grads)),
+            ("up_proj", mlp.up_proj.weight.grad(&grads)),
+        ] {
+            let values = g.expect("gradient").into_data().into_vec::<f32>().unwrap();
+            assert!(
+                values.iter().all(|v| v.is_finite()),
+                "{name}: non-finite gradient"
+            );
+        }
     }
 
     #[test]

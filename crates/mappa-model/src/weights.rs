@@ -284,12 +284,14 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
             .filter(|o: &Vec<usize>| o.len() == 2 && o[0] <= o[1])
             .ok_or_else(|| err(format!("tensor `{name}` has no valid `data_offsets`")))?;
         let (begin, end) = (offsets[0], offsets[1]);
-        let numel: usize = shape.iter().product();
-        if end - begin != numel * dtype.size() {
+        let expected = shape
+            .iter()
+            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| err(format!("tensor `{name}`: shape {shape:?} overflows")))?;
+        if end - begin != expected {
             return Err(err(format!(
-                "tensor `{name}`: {} bytes for shape {shape:?} in {dtype_name}, expected {}",
-                end - begin,
-                numel * dtype.size()
+                "tensor `{name}`: {} bytes for shape {shape:?} in {dtype_name}, expected {expected}",
+                end - begin
             )));
         }
         if end > data_len {
