@@ -4,13 +4,14 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 venv := ".venv"
 python := venv / "bin/python"
+sandbox_venv := env_var_or_default("MAPPA_SANDBOX_VENV", ".venv-sandbox")
 
 # List the recipes.
 default:
     @just --list
 
 # The whole test suite (what CI runs): unit, property, parity and scenario tests on the CPU backend.
-test:
+test: setup-python
     cargo test --workspace --locked
 
 # Formatting and lints.
@@ -21,6 +22,20 @@ lint:
 # criterion benches (release build): forward, training step and KV-cache generation, ~1M and ~26M params.
 bench *ARGS:
     cargo bench -p mappa-benches --bench model --locked -- {{ARGS}}
+
+# The agents' sandbox Python: a virtualenv with numpy, pandas and scikit-learn (pinned in fixtures/sandbox-requirements.txt).
+# As root, sandboxed programs run as an unprivileged uid that cannot reach an interpreter under /root (pyenv),
+# so the system python3 is the base there; set MAPPA_SANDBOX_BASE_PYTHON to choose another.
+setup-python:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    venv="{{sandbox_venv}}"
+    if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import numpy, pandas, sklearn" 2>/dev/null; then exit 0; fi
+    base="${MAPPA_SANDBOX_BASE_PYTHON:-python3}"
+    if [ "$(id -u)" = 0 ] && [ -z "${MAPPA_SANDBOX_BASE_PYTHON:-}" ] && [ -x /usr/bin/python3 ]; then base=/usr/bin/python3; fi
+    echo "== creating the sandbox virtualenv $venv from $base"
+    "$base" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r fixtures/sandbox-requirements.txt
 
 # A Python virtualenv with torch + transformers (for fixtures and bench-vs-torch; about 6 GB).
 setup-torch:

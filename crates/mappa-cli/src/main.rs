@@ -3,8 +3,11 @@
 //! Subcommands so far:
 //! - `mappa grade`: grade model outputs (or bare answers) against reference
 //!   answers with the same functions the pipelines use.
+//! - `mappa sandbox run`: run a Python program in the sandbox the agents use
+//!   and print the result as JSON.
 
 mod grade;
+mod sandbox;
 
 use std::process::ExitCode;
 
@@ -22,12 +25,16 @@ struct Cli {
 enum Command {
     /// Grade math answers: JSON lines in, JSON lines out.
     Grade(grade::GradeArgs),
+    /// Run Python programs in the agents' sandbox.
+    #[command(subcommand)]
+    Sandbox(sandbox::SandboxCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Grade(args) => grade::run(&args),
+        Command::Sandbox(command) => sandbox::run(&command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,8 +10,12 @@
 //! - [`tabular`]: DSBench data-modelling tasks: loading the task files,
 //!   scoring submissions joined by id, fair aggregate metrics, and a seeded
 //!   generator of tabular tasks with known achievable scores.
+//! - [`sandbox`]: running untrusted, agent-written Python with limits, no
+//!   network and no writes outside its directory; per-agent working
+//!   directories and file hand-off.
 
 pub mod datasets;
 pub mod math;
 pub mod math_tasks;
+pub mod sandbox;
 pub mod tabular;

@@ -1,0 +1,581 @@
+//! Starting, limiting, watching and killing one sandboxed Python process (Linux).
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use super::files::{diff, snapshot};
+use super::{
+    landlock, Isolation, Limits, RunResult, SandboxConfig, SandboxError, Status, PRIVATE_DIR,
+};
+
+/// Prepare this process to host runs: mark it non-dumpable, so that code
+/// running under the same uid cannot read `/proc/<pid>/environ` (where API
+/// keys live) or attach to it; and make it a child subreaper, so that the
+/// orphans of a killed run become its children and are reaped by it (an
+/// init that never reaps, common in containers, would otherwise keep them as
+/// zombies, which count against the process limit).
+pub(super) fn prepare_parent() {
+    // SAFETY: plain prctls on the calling process.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+}
+
+/// (pid, parent pid, process group, uid) of every process.
+fn process_table() -> Vec<(libc::pid_t, libc::pid_t, libc::pid_t, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: libc::pid_t = e.file_name().to_str()?.parse().ok()?;
+            let uid = e.metadata().ok()?.uid();
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+            let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(1);
+            let ppid = fields.next()?.parse().ok()?;
+            let pgrp = fields.next()?.parse().ok()?;
+            Some((pid, ppid, pgrp, uid))
+        })
+        .collect()
+}
+
+/// Reap the run's processes that became our children once their parents
+/// died, until none of the run's processes (group `pgid`, or `uid`) is left,
+/// or two seconds pass.
+fn reap_run(pgid: libc::pid_t, uid: Option<u32>) {
+    // SAFETY: getpid cannot fail.
+    let me = unsafe { libc::getpid() };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let run: Vec<_> = process_table()
+            .into_iter()
+            .filter(|&(_, _, pgrp, owner)| pgrp == pgid || Some(owner) == uid)
+            .collect();
+        if run.is_empty() || Instant::now() >= deadline {
+            return;
+        }
+        for &(pid, ppid, _, _) in &run {
+            if ppid == me {
+                // SAFETY: `pid` is our child (reparented to us as subreaper).
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Whether the kernel lets us give a child its own network namespace, and
+/// which `unshare` flags do it (probed once per process).
+fn namespace_flags(python: &Path, root: bool) -> Option<libc::c_int> {
+    static PROBE: OnceLock<Option<libc::c_int>> = OnceLock::new();
+    *PROBE.get_or_init(|| {
+        let flags = if root {
+            libc::CLONE_NEWNET
+        } else {
+            libc::CLONE_NEWUSER | libc::CLONE_NEWNET
+        };
+        let mut cmd = Command::new(python);
+        cmd.args(["-c", ""])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: the closure only makes a system call.
+        unsafe {
+            cmd.pre_exec(move || cvt(libc::unshare(flags)));
+        }
+        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        ok.then_some(flags)
+    })
+}
+
+fn landlock_abi() -> Option<u32> {
+    static ABI: OnceLock<Option<u32>> = OnceLock::new();
+    *ABI.get_or_init(landlock::abi_version)
+}
+
+fn cvt(r: libc::c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A uid reserved for one run (root only), held by an exclusive lock on a
+/// file named after it, so that concurrent runs, in this process or another,
+/// never share one.
+struct UidLease {
+    uid: u32,
+    _lock: File,
+}
+
+const UID_RANGE: u32 = 4096;
+
+fn lease_uid(base: u32) -> Result<UidLease, SandboxError> {
+    let dir = std::env::temp_dir().join("mappa-sandbox-uids");
+    std::fs::create_dir_all(&dir).map_err(|e| SandboxError::io(&dir, e))?;
+    for uid in base..base.saturating_add(UID_RANGE) {
+        let path = dir.join(uid.to_string());
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| SandboxError::io(&path, e))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(UidLease { uid, _lock: file });
+        }
+    }
+    Err(SandboxError::io(
+        &dir,
+        io::Error::other(format!(
+            "all {UID_RANGE} sandbox uids from {base} are in use"
+        )),
+    ))
+}
+
+/// Kill every process running as `uid`, by forking a child that becomes
+/// `uid` and signals everything it may (`kill(-1)` spares the caller).
+fn kill_uid(program: &Path, uid: u32) {
+    let mut cmd = Command::new(program);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: only system calls, then _exit: the child never returns to Rust code.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgid(uid) == 0 && libc::setuid(uid) == 0 {
+                libc::kill(-1, libc::SIGKILL);
+            }
+            libc::_exit(0)
+        });
+    }
+    if let Ok(mut child) = cmd.spawn() {
+        let _ = child.wait();
+    }
+}
+
+/// Change the owner of `root` and everything beneath it (symlinks themselves,
+/// not their targets).
+fn chown_tree(root: &Path, uid: u32, gid: u32) -> Result<(), SandboxError> {
+    std::os::unix::fs::lchown(root, Some(uid), Some(gid)).map_err(|e| SandboxError::io(root, e))?;
+    if root
+        .symlink_metadata()
+        .map_err(|e| SandboxError::io(root, e))?
+        .is_dir()
+    {
+        for entry in std::fs::read_dir(root).map_err(|e| SandboxError::io(root, e))? {
+            let entry = entry.map_err(|e| SandboxError::io(root, e))?;
+            chown_tree(&entry.path(), uid, gid)?;
+        }
+    }
+    Ok(())
+}
+
+/// Check that an unprivileged `uid` can traverse every directory above `path`
+/// and, when `exec`, read and execute `path` itself.
+fn check_reachable(path: &Path, uid: u32, exec: bool) -> Result<(), SandboxError> {
+    let real = path.canonicalize().map_err(|e| SandboxError::io(path, e))?;
+    let unreachable = |reason: String| SandboxError::Unreachable {
+        path: path.to_path_buf(),
+        uid,
+        reason,
+    };
+    for dir in real.ancestors().skip(1) {
+        let meta = dir.metadata().map_err(|e| SandboxError::io(dir, e))?;
+        if meta.uid() != uid && meta.mode() & 0o001 == 0 {
+            return Err(unreachable(format!(
+                "{} has mode {:o}",
+                dir.display(),
+                meta.mode() & 0o777
+            )));
+        }
+    }
+    if exec {
+        let mode = real
+            .metadata()
+            .map_err(|e| SandboxError::io(&real, e))?
+            .permissions()
+            .mode();
+        if mode & 0o005 != 0o005 {
+            return Err(unreachable(format!(
+                "{} has mode {:o}",
+                real.display(),
+                mode & 0o777
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Processes of the real uid now alive (for the process limit where neither
+/// a uid of its own nor a user namespace is available).
+fn processes_of_current_user() -> u64 {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    process_table().iter().filter(|p| p.3 == uid).count() as u64
+}
+
+/// Everything the child does between fork and exec, prepared in the parent
+/// so that the child only makes system calls.
+#[derive(Clone, Copy)]
+struct ChildPlan {
+    rlimits: [(libc::__rlimit_resource_t, libc::rlim_t, libc::rlim_t); 5],
+    nproc: libc::rlim_t,
+    unshare_flags: libc::c_int,
+    /// Set `RLIMIT_NPROC` after `unshare`: in a new user namespace the count
+    /// starts afresh, while the namespace's creator is still checked against
+    /// its own (higher) limit.
+    nproc_after_unshare: bool,
+    drop_to: Option<u32>,
+    landlock_fd: Option<libc::c_int>,
+}
+
+impl ChildPlan {
+    /// # Safety
+    /// Must run in a forked child before exec: it changes the calling
+    /// process's limits, namespaces and credentials.
+    unsafe fn apply(&self) -> io::Result<()> {
+        unsafe {
+            for &(resource, soft, hard) in &self.rlimits {
+                cvt(libc::setrlimit(
+                    resource,
+                    &libc::rlimit {
+                        rlim_cur: soft,
+                        rlim_max: hard,
+                    },
+                ))?;
+            }
+            let nproc = libc::rlimit {
+                rlim_cur: self.nproc,
+                rlim_max: self.nproc,
+            };
+            if !self.nproc_after_unshare {
+                cvt(libc::setrlimit(libc::RLIMIT_NPROC, &nproc))?;
+            }
+            if self.unshare_flags != 0 {
+                cvt(libc::unshare(self.unshare_flags))?;
+            }
+            if self.nproc_after_unshare {
+                cvt(libc::setrlimit(libc::RLIMIT_NPROC, &nproc))?;
+            }
+            if let Some(uid) = self.drop_to {
+                cvt(libc::setgroups(0, std::ptr::null()))?;
+                cvt(libc::setgid(uid))?;
+                cvt(libc::setuid(uid))?;
+            }
+            if let Some(fd) = self.landlock_fd {
+                landlock::restrict_self(fd)?;
+            }
+            cvt(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
+        }
+        Ok(())
+    }
+}
+
+/// Read a pipe to its end, keeping the first `cap` bytes; returns them and
+/// the total byte count.
+fn read_capped(mut pipe: impl Read, cap: usize) -> (Vec<u8>, u64) {
+    let mut kept = Vec::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                total += n as u64;
+                let room = cap.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
+    (kept, total)
+}
+
+/// Lossy UTF-8, with a marker when bytes were dropped.
+fn render_output(kept: Vec<u8>, total: u64) -> (String, bool) {
+    let truncated = total > kept.len() as u64;
+    let mut text = String::from_utf8_lossy(&kept).into_owned();
+    if truncated {
+        text.push_str(&format!(
+            "\n[mappa sandbox: output truncated: kept the first {} of {} bytes]\n",
+            kept.len(),
+            total
+        ));
+    }
+    (text, truncated)
+}
+
+/// Environment of the program: nothing inherited.
+fn environment(python: &Path, workdir: &Path, tmp: &Path) -> Vec<(&'static str, String)> {
+    let bin = python
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let w = workdir.display().to_string();
+    vec![
+        ("PATH", format!("{bin}:/usr/local/bin:/usr/bin:/bin")),
+        ("HOME", w.clone()),
+        ("PYTHONPATH", w),
+        ("TMPDIR", tmp.display().to_string()),
+        ("MPLCONFIGDIR", tmp.display().to_string()),
+        ("LANG", "C.UTF-8".into()),
+        ("LC_ALL", "C.UTF-8".into()),
+        ("PYTHONHASHSEED", "0".into()),
+        ("PYTHONDONTWRITEBYTECODE", "1".into()),
+        ("PYTHONUNBUFFERED", "1".into()),
+        ("PYTHONIOENCODING", "utf-8".into()),
+        ("MPLBACKEND", "Agg".into()),
+        ("OPENBLAS_NUM_THREADS", "1".into()),
+        ("OMP_NUM_THREADS", "1".into()),
+        ("MKL_NUM_THREADS", "1".into()),
+        ("NUMEXPR_NUM_THREADS", "1".into()),
+    ]
+}
+
+/// Run `code` in `workdir` under `config`'s limits.
+pub(super) fn run(
+    config: &SandboxConfig,
+    workdir: &Path,
+    code: &str,
+) -> Result<RunResult, SandboxError> {
+    let limits = &config.limits;
+    std::fs::create_dir_all(workdir).map_err(|e| SandboxError::io(workdir, e))?;
+    let workdir = workdir
+        .canonicalize()
+        .map_err(|e| SandboxError::io(workdir, e))?;
+    let private = workdir.join(PRIVATE_DIR);
+    let tmp = private.join("tmp");
+    std::fs::create_dir_all(&tmp).map_err(|e| SandboxError::io(&tmp, e))?;
+    let program = private.join("main.py");
+    std::fs::write(&program, code).map_err(|e| SandboxError::io(&program, e))?;
+    let before = snapshot(&workdir)?;
+
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let lease = if root {
+        Some(lease_uid(config.uid_base)?)
+    } else {
+        None
+    };
+    let owner = workdir
+        .metadata()
+        .map_err(|e| SandboxError::io(&workdir, e))?;
+    if let Some(lease) = &lease {
+        check_reachable(&config.python, lease.uid, true)?;
+        check_reachable(&workdir, lease.uid, false)?;
+        kill_uid(&config.python, lease.uid); // leftovers of a crashed run
+        chown_tree(&workdir, lease.uid, lease.uid)?;
+    }
+
+    let unshare_flags = namespace_flags(&config.python, root);
+    let ruleset = match landlock_abi() {
+        Some(abi) => {
+            Some(landlock::build(abi, &workdir).map_err(|e| SandboxError::io(&workdir, e))?)
+        }
+        None => None,
+    };
+    let user_ns = unshare_flags.is_some_and(|f| f & libc::CLONE_NEWUSER != 0);
+    let (nproc, scope) = if root {
+        (limits.max_processes, "run-uid")
+    } else if user_ns {
+        (limits.max_processes, "user-namespace")
+    } else {
+        (processes_of_current_user() + limits.max_processes, "user")
+    };
+    let isolation = Isolation {
+        network_namespace: unshare_flags.is_some(),
+        tcp_blocked: ruleset.as_ref().is_some_and(|(_, c)| c.tcp_blocked),
+        writes_confined: ruleset.as_ref().is_some_and(|(_, c)| c.writes_confined),
+        uid: lease.as_ref().map(|l| l.uid),
+        process_limit_scope: scope.to_string(),
+    };
+    let mib = 1024 * 1024;
+    let plan = ChildPlan {
+        rlimits: [
+            (libc::RLIMIT_CPU, limits.cpu_time_s, limits.cpu_time_s + 1),
+            (
+                libc::RLIMIT_AS,
+                limits.memory_mb * mib,
+                limits.memory_mb * mib,
+            ),
+            (
+                libc::RLIMIT_FSIZE,
+                limits.max_file_mb * mib,
+                limits.max_file_mb * mib,
+            ),
+            (libc::RLIMIT_CORE, 0, 0),
+            (
+                libc::RLIMIT_NOFILE,
+                limits.max_open_files,
+                limits.max_open_files,
+            ),
+        ],
+        nproc,
+        unshare_flags: unshare_flags.unwrap_or(0),
+        nproc_after_unshare: user_ns,
+        drop_to: lease.as_ref().map(|l| l.uid),
+        landlock_fd: ruleset.as_ref().map(|(fd, _)| fd.as_raw_fd()),
+    };
+
+    let mut cmd = Command::new(&config.python);
+    cmd.arg("-s")
+        .arg(&program)
+        .current_dir(&workdir)
+        .env_clear()
+        .envs(environment(&config.python, &workdir, &tmp))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    // SAFETY: `apply` makes only async-signal-safe system calls.
+    unsafe {
+        cmd.pre_exec(move || plan.apply());
+    }
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(SandboxError::Spawn)?;
+    let pid = child.id() as libc::pid_t;
+    let cap = limits.max_output_bytes;
+    let (tx_out, rx_out) = mpsc::channel();
+    let (tx_err, rx_err) = mpsc::channel();
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    std::thread::spawn(move || tx_out.send(read_capped(stdout, cap)));
+    std::thread::spawn(move || tx_err.send(read_capped(stderr, cap)));
+
+    let sweep = || {
+        // SAFETY: signalling the run's own process group.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+        if let Some(lease) = &lease {
+            kill_uid(&config.python, lease.uid);
+        }
+    };
+    let deadline = start + limits.wall_time;
+    let mut timed_out = false;
+    let mut wait_status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let mut pause = Duration::from_millis(1);
+    loop {
+        let flags = if timed_out { 0 } else { libc::WNOHANG };
+        // SAFETY: pid is our child; the out-pointers are valid.
+        let r = unsafe { libc::wait4(pid, &mut wait_status, flags, &mut usage) };
+        if r == pid {
+            break;
+        }
+        if r < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            sweep();
+            return Err(SandboxError::Spawn(err));
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            sweep();
+            continue;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+    let wall_time_s = start.elapsed().as_secs_f64();
+    sweep();
+    reap_run(pid, lease.as_ref().map(|l| l.uid));
+    drop(child);
+
+    // Output ends when the last holder of the pipes dies; a process that left
+    // the group (possible only without root) may hold them open, so wait a
+    // bounded time and then report what arrived.
+    let grace = Duration::from_secs(2);
+    let (out_kept, out_total) = rx_out.recv_timeout(grace).unwrap_or_default();
+    let (err_kept, err_total) = rx_err.recv_timeout(grace).unwrap_or_default();
+    let (stdout, stdout_truncated) = render_output(out_kept, out_total);
+    let (stderr, stderr_truncated) = render_output(err_kept, err_total);
+
+    if lease.is_some() {
+        chown_tree(&workdir, owner.uid(), owner.gid())?;
+    }
+    let after = snapshot(&workdir)?;
+    let files = diff(&before, &after);
+
+    let cpu_time_s = tv_secs(usage.ru_utime) + tv_secs(usage.ru_stime);
+    let exited = libc::WIFEXITED(wait_status);
+    let exit_code = exited.then(|| libc::WEXITSTATUS(wait_status));
+    let signal = libc::WIFSIGNALED(wait_status).then(|| libc::WTERMSIG(wait_status));
+    let status = classify(
+        limits,
+        timed_out,
+        exit_code,
+        signal,
+        cpu_time_s,
+        &stderr,
+        stdout_truncated || stderr_truncated,
+    );
+    Ok(RunResult {
+        status,
+        exit_code,
+        signal,
+        stdout,
+        stderr,
+        stdout_truncated,
+        stderr_truncated,
+        wall_time_s,
+        cpu_time_s,
+        files,
+        isolation,
+    })
+}
+
+fn tv_secs(tv: libc::timeval) -> f64 {
+    tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6
+}
+
+/// The run's [`Status`] from how it ended.
+fn classify(
+    limits: &Limits,
+    timed_out: bool,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    cpu_time_s: f64,
+    stderr: &str,
+    truncated: bool,
+) -> Status {
+    let cpu_limit = limits.cpu_time_s as f64;
+    if timed_out
+        || signal == Some(libc::SIGXCPU)
+        || (signal == Some(libc::SIGKILL) && cpu_time_s >= cpu_limit)
+    {
+        return Status::Timeout;
+    }
+    if exit_code != Some(0)
+        && (stderr.contains("MemoryError") || stderr.contains("Cannot allocate memory"))
+    {
+        return Status::Memory;
+    }
+    match (exit_code, signal) {
+        (_, Some(_)) => Status::Killed,
+        (Some(0), None) if truncated => Status::OutputTruncated,
+        (Some(0), None) => Status::Ok,
+        _ => Status::Error,
+    }
+}
