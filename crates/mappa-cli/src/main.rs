@@ -3,9 +3,11 @@
 //! Subcommands so far:
 //! - `mappa grade`: grade model outputs (or bare answers) against reference
 //!   answers with the same functions the pipelines use.
+//! - `mappa coach score`: score action contexts with a configured coach.
 //! - `mappa sandbox run`: run a Python program in the sandbox the agents use
 //!   and print the result as JSON.
 
+mod coach;
 mod grade;
 mod sandbox;
 
@@ -25,6 +27,9 @@ struct Cli {
 enum Command {
     /// Grade math answers: JSON lines in, JSON lines out.
     Grade(grade::GradeArgs),
+    /// Score agent actions with a coach (HTTP, local model or scripted).
+    #[command(subcommand)]
+    Coach(coach::CoachCommand),
     /// Run Python programs in the agents' sandbox.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
@@ -34,6 +39,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Grade(args) => grade::run(&args),
+        Command::Coach(command) => coach::run(&command),
         Command::Sandbox(command) => sandbox::run(&command),
     };
     match result {

@@ -140,7 +140,9 @@ fn cpu_limit_stops_a_busy_program_before_the_wall_clock() {
     let (result, _dir, _work) = run_with(config, "while True:\n    pass\n");
     assert_eq!(result.status, Status::Timeout, "{result:?}");
     assert!(result.wall_time_s < 10.0, "{result:?}");
-    assert!(result.cpu_time_s >= 0.9, "{result:?}");
+    // The kernel enforces RLIMIT_CPU at tick granularity, on its own clock.
+    assert!(result.cpu_time_s >= 0.5, "{result:?}");
+    assert_eq!(result.signal, Some(libc::SIGXCPU), "{result:?}");
 }
 
 #[test]

@@ -1,0 +1,142 @@
+//! `mappa coach score --config COACH.toml --input actions.jsonl`: score a
+//! file of action contexts with the configured coach (HTTP, local model or
+//! scripted) and write one JSON line per action. The same code path as the
+//! training pipelines; use it to try a rubric or a coach model without
+//! training. A summary (scores, fallbacks per role, tokens, cost) goes to
+//! stderr, and with `--report` to a JSON file.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use mappa_judge::config::CoachConfig;
+use mappa_judge::ActionContext;
+use serde_json::json;
+
+/// Subcommands of `mappa coach`.
+#[derive(Subcommand, Debug)]
+pub enum CoachCommand {
+    /// Score action contexts (JSON lines) and write scores (JSON lines).
+    Score(ScoreArgs),
+}
+
+/// Arguments of `mappa coach score`.
+#[derive(Args, Debug)]
+pub struct ScoreArgs {
+    /// The coach configuration (TOML; see the README).
+    #[arg(long)]
+    config: PathBuf,
+    /// Action contexts, one JSON object per line (`-` for standard input).
+    #[arg(long)]
+    input: PathBuf,
+    /// Where to write the scores (default: standard output).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Also write the coach's report (counts per role, fallbacks, tokens, cost) as JSON.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Actions sent to the coach per batch.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+}
+
+/// Runs `mappa coach ...`.
+pub fn run(command: &CoachCommand) -> Result<(), String> {
+    match command {
+        CoachCommand::Score(args) => score(args),
+    }
+}
+
+fn read_actions(args: &ScoreArgs) -> Result<Vec<ActionContext>, String> {
+    let source = args.input.display().to_string();
+    let reader: Box<dyn BufRead> = if source == "-" {
+        Box::new(BufReader::new(std::io::stdin()))
+    } else {
+        let file = std::fs::File::open(&args.input).map_err(|e| format!("{source}: {e}"))?;
+        Box::new(BufReader::new(file))
+    };
+    let mut actions = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| format!("{source}:{}: {e}", i + 1))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let mut action: ActionContext = serde_json::from_str(&line).map_err(|e| {
+            format!(
+                "{source}:{}: {e} (expected an action context: task, role, agent_input, output, \
+                 and optionally id, tool_observation, files, ground_truth, is_last_agent, solution)",
+                i + 1
+            )
+        })?;
+        if action.id.is_empty() {
+            action.id = format!("line-{}", i + 1);
+        }
+        actions.push(action);
+    }
+    Ok(actions)
+}
+
+fn score(args: &ScoreArgs) -> Result<(), String> {
+    if args.batch == 0 {
+        return Err("--batch 0: expected at least 1".into());
+    }
+    let config = CoachConfig::load(&args.config).map_err(|e| e.to_string())?;
+    let coach = config.build().map_err(|e| e.to_string())?;
+    let actions = read_actions(args)?;
+
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(path) => {
+            Box::new(std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?)
+        }
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let progress = ProgressBar::new(actions.len() as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} actions ({elapsed}, eta {eta})")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    progress.set_message(format!("scoring with {}", coach.name()));
+    let mut total = 0.0;
+    for chunk in actions.chunks(args.batch) {
+        let scores = coach.score_batch(chunk).map_err(|e| e.to_string())?;
+        for (action, score) in chunk.iter().zip(&scores) {
+            total += score.score;
+            let line = json!({ "id": action.id, "role": action.role, "score": score });
+            writeln!(out, "{line}").map_err(|e| format!("writing scores: {e}"))?;
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    out.flush().map_err(|e| format!("writing scores: {e}"))?;
+    progress.finish_and_clear();
+
+    let report = coach.report();
+    let n = actions.len().max(1) as f64;
+    eprintln!(
+        "scored {} actions with {}: mean score {:.2}",
+        actions.len(),
+        report.coach,
+        total / n
+    );
+    for (role, c) in &report.roles {
+        eprintln!(
+            "  {role}: {} scored, {} fallbacks, {} re-prompts, {} from cache",
+            c.scored, c.fallbacks, c.reprompts, c.cache_hits
+        );
+    }
+    if report.usage.requests > 0 {
+        eprintln!(
+            "  {} requests, {} prompt + {} completion tokens, estimated cost {:.4} USD",
+            report.usage.requests,
+            report.usage.prompt_tokens,
+            report.usage.completion_tokens,
+            report.usage.estimated_cost_usd
+        );
+    }
+    if let Some(path) = &args.report {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        mappa_core::fs::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}

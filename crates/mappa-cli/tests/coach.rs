@@ -1,0 +1,250 @@
+//! `mappa coach score` as a new user runs it: against a local
+//! OpenAI-compatible server, with a scripted coach, and with a local
+//! checkpoint as judge.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn mappa() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_mappa"))
+}
+
+fn workspace() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// An OpenAI-compatible endpoint that scores the verifier 9 (answer correct)
+/// and every other role 7; returns the base URL.
+fn serve() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0;
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                line.clear();
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let text = String::from_utf8(body).unwrap();
+            let content = if text.contains("Agent being judged: Verifier") {
+                "Checked and right.\nPROCESS_SCORE: 9\nANSWER_CORRECT: 1"
+            } else {
+                "Reasonable step.\nPROCESS_SCORE: 7"
+            };
+            let reply = serde_json::json!({
+                "choices": [{"message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 10},
+            })
+            .to_string();
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    url
+}
+
+fn actions_file(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("actions.jsonl");
+    let solution = r#"{"task_kind": "math", "answer": "42", "checkpoints": ["42"]}"#;
+    let lines = [
+        format!(
+            r#"{{"id": "a1", "task": "What is 6*7?", "role": "problem_solver", "agent_input": "Solve.", "output": "6*7 = 42", "solution": {solution}}}"#
+        ),
+        format!(
+            r#"{{"id": "a2", "task": "What is 6*7?", "role": "verifier", "agent_input": "Check.", "output": "\\boxed{{42}}", "ground_truth": "42", "is_last_agent": true, "solution": {solution}}}"#
+        ),
+    ];
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+fn rows(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn scores_actions_against_a_local_openai_compatible_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = serve();
+    let config = dir.path().join("coach.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "domain = \"mathchat\"\ncache = \"cache.sqlite\"\n\n[openai]\nbase_url = \"{url}\"\nmodel = \"local-judge\"\n"
+        ),
+    )
+    .unwrap();
+    let input = actions_file(dir.path());
+    let report = dir.path().join("report.json");
+    let out = mappa()
+        .args(["coach", "score", "--config"])
+        .arg(&config)
+        .arg("--input")
+        .arg(&input)
+        .arg("--report")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scores = rows(&out.stdout);
+    assert_eq!(scores.len(), 2);
+    assert_eq!(scores[0]["id"], "a1");
+    assert_eq!(scores[0]["score"]["score"], 7.0);
+    assert_eq!(scores[1]["score"]["score"], 9.0);
+    assert_eq!(scores[1]["score"]["answer_correct"], true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("scored 2 actions with openai:local-judge"),
+        "{stderr}"
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(report["usage"]["requests"], 2);
+    assert!(
+        dir.path().join("cache.sqlite").exists(),
+        "the cache path is relative to the config"
+    );
+}
+
+#[test]
+fn scripted_coach_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("coach.toml");
+    std::fs::write(&config, "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[scripted]\nstrength = \"strong\"\nseed = 3\n")
+        .unwrap();
+    let input = actions_file(dir.path());
+    let out = mappa()
+        .args(["coach", "score", "--config"])
+        .arg(&config)
+        .arg("--input")
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scores = rows(&out.stdout);
+    for s in &scores {
+        assert_eq!(s["score"]["coach"], "scripted-strong");
+        assert!(s["score"]["raw_response"]
+            .as_str()
+            .unwrap()
+            .contains("[scripted coach: strong]"));
+    }
+    assert!(
+        scores[1]["score"]["score"].as_f64().unwrap() >= 8.5,
+        "{scores:?}"
+    );
+}
+
+#[test]
+fn local_checkpoint_as_judge_is_deterministic_and_counts_fallbacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("coach.toml");
+    let checkpoint = workspace().join("fixtures/models/qwen3-tiny");
+    std::fs::write(
+        &config,
+        format!(
+            "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[settings]\nmax_tokens = 8\n\n[local]\ncheckpoint = \"{}\"\n",
+            checkpoint.display()
+        ),
+    )
+    .unwrap();
+    let input = actions_file(dir.path());
+    let run = || {
+        let out = mappa()
+            .args(["coach", "score", "--config"])
+            .arg(&config)
+            .arg("--input")
+            .arg(&input)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            rows(&out.stdout),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (first, stderr) = run();
+    let (second, _) = run();
+    assert_eq!(first, second, "greedy decoding repeats exactly");
+    // A tiny random model never writes the score line: each action is re-prompted once, then falls back.
+    for s in &first {
+        assert_eq!(s["score"]["fallback"], true);
+        assert_eq!(s["score"]["fallback_reason"], "format");
+        assert!(s["score"]["coach"].as_str().unwrap().starts_with("local:"));
+    }
+    assert!(
+        stderr.contains("problem_solver: 1 scored, 1 fallbacks, 1 re-prompts"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_input_lines_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("coach.toml");
+    std::fs::write(
+        &config,
+        "domain = \"mathchat\"\ncache_mode = \"off\"\n[scripted]\nstrength = \"weak\"\n",
+    )
+    .unwrap();
+    let input = dir.path().join("actions.jsonl");
+    std::fs::write(&input, "{\"task\": \"t\", \"role\": \"verifier\"}\n").unwrap();
+    let out = mappa()
+        .args(["coach", "score", "--config"])
+        .arg(&config)
+        .arg("--input")
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("actions.jsonl:1") && stderr.contains("agent_input"),
+        "{stderr}"
+    );
+    std::fs::write(
+        &config,
+        "domain = \"mathchat\"\n[scripted]\nstrength = \"mighty\"\n",
+    )
+    .unwrap();
+    let out = mappa()
+        .args(["coach", "score", "--config"])
+        .arg(&config)
+        .arg("--input")
+        .arg(&input)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("coach.toml") && stderr.contains("mighty"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,370 @@
+//! Rubric templates: the coach prompts, as minijinja files in the repository
+//! (`crates/mappa-judge/rubrics/<domain>/<role>.j2`, each extending its
+//! domain's `_base.j2`). A template renders two blocks, `system` and `user`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use mappa_core::hash::sha256_hex;
+use minijinja::{context, Environment, UndefinedBehavior};
+use serde::{Deserialize, Serialize};
+
+use crate::context::ActionContext;
+use crate::CoachError;
+
+/// Tool observations are cut to this many characters (METHOD.md section 3).
+pub const MAX_TOOL_OBSERVATION_CHARS: usize = 2000;
+
+/// One chat message, in the OpenAI format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message with this role and text.
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        Self {
+            role: role.to_string(),
+            content: content.into(),
+        }
+    }
+}
+
+/// Which multi-agent system a rubric set judges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Domain {
+    /// MathChat: problem_solver, code_executor, verifier.
+    MathChat,
+    /// The DSBench data-analysis pipeline: data_engineer, modeler, analyst.
+    DsBench,
+}
+
+impl Domain {
+    /// The directory name of its rubrics.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            Domain::MathChat => "mathchat",
+            Domain::DsBench => "dsbench",
+        }
+    }
+
+    /// The role ids, in chain order.
+    pub fn roles(self) -> &'static [&'static str] {
+        match self {
+            Domain::MathChat => &["problem_solver", "code_executor", "verifier"],
+            Domain::DsBench => &["data_engineer", "modeler", "analyst"],
+        }
+    }
+
+    /// MathChat's last-agent coach must also say whether the answer is correct.
+    fn asks_answer_correct(self) -> bool {
+        self == Domain::MathChat
+    }
+
+    fn builtin_files(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Domain::MathChat => &[
+                ("_base.j2", include_str!("../rubrics/mathchat/_base.j2")),
+                (
+                    "problem_solver.j2",
+                    include_str!("../rubrics/mathchat/problem_solver.j2"),
+                ),
+                (
+                    "code_executor.j2",
+                    include_str!("../rubrics/mathchat/code_executor.j2"),
+                ),
+                (
+                    "verifier.j2",
+                    include_str!("../rubrics/mathchat/verifier.j2"),
+                ),
+            ],
+            Domain::DsBench => &[
+                ("_base.j2", include_str!("../rubrics/dsbench/_base.j2")),
+                (
+                    "data_engineer.j2",
+                    include_str!("../rubrics/dsbench/data_engineer.j2"),
+                ),
+                ("modeler.j2", include_str!("../rubrics/dsbench/modeler.j2")),
+                ("analyst.j2", include_str!("../rubrics/dsbench/analyst.j2")),
+            ],
+        }
+    }
+}
+
+/// A prompt ready for a coach.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RenderedPrompt {
+    /// System and user messages.
+    pub messages: Vec<Message>,
+    /// sha256 of the role template and its base (see [`RubricSet::template_sha256`]).
+    pub template_sha256: String,
+    /// Whether the reply must carry `ANSWER_CORRECT`.
+    pub asks_answer_correct: bool,
+}
+
+/// The rubric templates of one domain.
+#[derive(Debug)]
+pub struct RubricSet {
+    domain: Domain,
+    env: Environment<'static>,
+    shas: BTreeMap<String, String>,
+}
+
+impl RubricSet {
+    /// The rubrics shipped in this crate (`crates/mappa-judge/rubrics/`).
+    pub fn builtin(domain: Domain) -> Self {
+        let files = domain
+            .builtin_files()
+            .iter()
+            .map(|(n, s)| (n.to_string(), s.to_string()))
+            .collect();
+        Self::from_sources(domain, files, "builtin").expect("the shipped rubrics compile")
+    }
+
+    /// Rubrics from a directory holding `_base.j2` and one `<role>.j2` per
+    /// role of `domain` (copy `crates/mappa-judge/rubrics/<domain>` to start).
+    pub fn from_dir(domain: Domain, dir: &Path) -> Result<Self, CoachError> {
+        let mut files = Vec::new();
+        for name in
+            std::iter::once("_base".to_string()).chain(domain.roles().iter().map(|r| r.to_string()))
+        {
+            let path = dir.join(format!("{name}.j2"));
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| CoachError::Config(format!("rubric {}: {e}", path.display())))?;
+            files.push((format!("{name}.j2"), text));
+        }
+        Self::from_sources(domain, files, &dir.display().to_string())
+    }
+
+    fn from_sources(
+        domain: Domain,
+        files: Vec<(String, String)>,
+        origin: &str,
+    ) -> Result<Self, CoachError> {
+        let base = files
+            .iter()
+            .find(|(n, _)| n == "_base.j2")
+            .map(|(_, s)| s.clone())
+            .unwrap_or_default();
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .build()
+                .expect("the default delimiters are valid"),
+        );
+        let mut shas = BTreeMap::new();
+        for (name, text) in files {
+            if let Some(role) = name.strip_suffix(".j2").filter(|r| *r != "_base") {
+                shas.insert(
+                    role.to_string(),
+                    sha256_hex(format!("{text}\n\0\n{base}").as_bytes()),
+                );
+            }
+            env.add_template_owned(name.clone(), text)
+                .map_err(|e| CoachError::Config(format!("rubric {origin}/{name}: {e:#}")))?;
+        }
+        Ok(Self { domain, env, shas })
+    }
+
+    /// The domain.
+    pub fn domain(&self) -> Domain {
+        self.domain
+    }
+
+    /// sha256 of a role's template: its file, a NUL line, and `_base.j2`.
+    pub fn template_sha256(&self, role: &str) -> Option<&str> {
+        self.shas.get(role).map(String::as_str)
+    }
+
+    /// Render the coach prompt for one action. The ground truth is shown only
+    /// to the last agent's coach and only when `coach_sees_ground_truth`.
+    pub fn render(
+        &self,
+        ctx: &ActionContext,
+        coach_sees_ground_truth: bool,
+    ) -> Result<RenderedPrompt, CoachError> {
+        let sha = self.template_sha256(&ctx.role).ok_or_else(|| {
+            CoachError::Config(format!(
+                "action {:?}: role {:?} has no {} rubric (roles: {})",
+                ctx.id,
+                ctx.role,
+                self.domain.dir_name(),
+                self.domain.roles().join(", ")
+            ))
+        })?;
+        let ground_truth = ctx
+            .ground_truth
+            .as_deref()
+            .filter(|_| coach_sees_ground_truth && ctx.is_last_agent);
+        let asks_answer_correct = ground_truth.is_some() && self.domain.asks_answer_correct();
+        let observation = match ctx.tool_observation.as_deref() {
+            Some(o) if !o.trim().is_empty() => cut(o, MAX_TOOL_OBSERVATION_CHARS),
+            _ => "N/A".to_string(),
+        };
+        let files = ctx.files.clone().unwrap_or_default();
+        let template = self
+            .env
+            .get_template(&format!("{}.j2", ctx.role))
+            .map_err(|e| CoachError::Config(format!("rubric {}: {e:#}", ctx.role)))?;
+        let mut captured = template
+            .render_captured(context! {
+                task => &ctx.task,
+                role => &ctx.role,
+                role_title => role_title(&ctx.role),
+                agent_input => &ctx.agent_input,
+                output => &ctx.output,
+                tool_observation => observation,
+                files => minijinja::Value::from(minijinja::value::Serde(&files)),
+                ground_truth => ground_truth,
+                ask_answer_correct => asks_answer_correct,
+            })
+            .map_err(|e| CoachError::Config(format!("rubric {}: {e:#}", ctx.role)))?;
+        let mut block = |name: &str| {
+            captured
+                .with_state_mut(|state| state.render_block(name))
+                .map(|s| collapse_blank_lines(s.trim()))
+                .map_err(|e| CoachError::Config(format!("rubric {} block {name}: {e:#}", ctx.role)))
+        };
+        Ok(RenderedPrompt {
+            messages: vec![
+                Message::new("system", block("system")?),
+                Message::new("user", block("user")?),
+            ],
+            template_sha256: sha.to_string(),
+            asks_answer_correct,
+        })
+    }
+}
+
+/// At most one blank line in a row (template conditionals leave more).
+fn collapse_blank_lines(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut blank_run = 0;
+    for line in text.lines() {
+        blank_run = if line.trim().is_empty() {
+            blank_run + 1
+        } else {
+            0
+        };
+        if blank_run <= 1 {
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+    out.trim_end().to_string()
+}
+
+/// `problem_solver` -> `Problem Solver`.
+fn role_title(role: &str) -> String {
+    role.split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_uppercase().chain(c).collect::<String>())
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The first `max` characters, with a marker when cut.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!(
+            "{}\n[... cut: {} more characters]",
+            &text[..at],
+            text[at..].chars().count()
+        ),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(role: &str) -> ActionContext {
+        ActionContext {
+            id: "t0/a".into(),
+            task: "Find 2+2.".into(),
+            role: role.into(),
+            agent_input: "Solve it.".into(),
+            output: "It is \\boxed{4}.".into(),
+            ground_truth: Some("4".into()),
+            is_last_agent: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ground_truth_only_for_the_last_agent_and_when_switched_on() {
+        let set = RubricSet::builtin(Domain::MathChat);
+        let shown = set.render(&ctx("verifier"), true).unwrap();
+        assert!(shown.asks_answer_correct);
+        assert!(shown.messages[1].content.contains("Ground truth answer"));
+        assert!(shown.messages[0].content.contains("ANSWER_CORRECT"));
+        let hidden = set.render(&ctx("verifier"), false).unwrap();
+        assert!(!hidden.asks_answer_correct);
+        assert!(!hidden.messages[1].content.contains("Ground truth"));
+        let mut early = ctx("problem_solver");
+        early.is_last_agent = false;
+        assert!(!set.render(&early, true).unwrap().messages[1]
+            .content
+            .contains("Ground truth"));
+    }
+
+    #[test]
+    fn long_observations_are_cut_and_missing_ones_say_na() {
+        let set = RubricSet::builtin(Domain::MathChat);
+        let mut c = ctx("code_executor");
+        let user = |c: &ActionContext| set.render(c, true).unwrap().messages[1].content.clone();
+        assert!(user(&c).contains("## Last tool output\nN/A"));
+        c.tool_observation = Some("x".repeat(2500));
+        let text = user(&c);
+        assert!(text.contains("[... cut: 500 more characters]"));
+        assert!(!text.contains(&"x".repeat(2001)));
+    }
+
+    #[test]
+    fn unknown_roles_and_broken_templates_are_named() {
+        let set = RubricSet::builtin(Domain::DsBench);
+        let err = set.render(&ctx("verifier"), true).unwrap_err().to_string();
+        assert!(
+            err.contains("verifier") && err.contains("data_engineer"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        for role in ["_base", "data_engineer", "modeler", "analyst"] {
+            std::fs::write(
+                dir.path().join(format!("{role}.j2")),
+                "{% block system %}x{% endblock %}",
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            dir.path().join("modeler.j2"),
+            "{% block system %}{{ unclosed {% endblock %}",
+        )
+        .unwrap();
+        let err = RubricSet::from_dir(Domain::DsBench, dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("modeler.j2"), "{err}");
+    }
+
+    #[test]
+    fn template_hashes_differ_by_role_and_follow_the_text() {
+        let set = RubricSet::builtin(Domain::MathChat);
+        let a = set.template_sha256("problem_solver").unwrap();
+        let b = set.template_sha256("verifier").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 64);
+    }
+}
