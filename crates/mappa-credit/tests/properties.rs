@@ -1,0 +1,288 @@
+//! Property tests of the credit maths: normalisation statistics, mask
+//! independence, affine invariance, the return recursion and finiteness.
+
+use std::collections::BTreeMap;
+
+use mappa_credit::{
+    advantages, shape, CreditStrategy, KlConfig, KlEstimator, KlPlacement, NormScope, SampleKey,
+    ScoredAction, ScoredTrajectory,
+};
+use proptest::prelude::*;
+
+const NORMALISING: [NormScope; 4] = [
+    NormScope::PerAgentGlobal,
+    NormScope::AllAgentsGlobal,
+    NormScope::PerPromptGroup,
+    NormScope::GroupMeanThenGlobal,
+];
+
+/// One sample: its key, per-token values and mask.
+#[derive(Debug, Clone)]
+struct Sample {
+    key: SampleKey,
+    values: Vec<f64>,
+    mask: Vec<bool>,
+}
+
+fn sample(value: impl Strategy<Value = f64> + Clone) -> impl Strategy<Value = Sample> {
+    (0..3usize, 0..2usize, 1..6usize).prop_flat_map(move |(agent, group, len)| {
+        (
+            prop::collection::vec(value.clone(), len),
+            prop::collection::vec(any::<bool>(), len),
+        )
+            .prop_map(move |(values, mask)| Sample {
+                key: SampleKey { agent, group },
+                values,
+                mask,
+            })
+    })
+}
+
+fn batch() -> impl Strategy<Value = Vec<Sample>> {
+    prop::collection::vec(sample(-5.0..5.0f64), 1..10)
+}
+
+type Columns = (Vec<SampleKey>, Vec<Vec<f64>>, Vec<Vec<bool>>);
+
+fn columns(samples: &[Sample]) -> Columns {
+    (
+        samples.iter().map(|s| s.key).collect(),
+        samples.iter().map(|s| s.values.clone()).collect(),
+        samples.iter().map(|s| s.mask.clone()).collect(),
+    )
+}
+
+/// Sample i's token set under a normalising scope (the set the final
+/// standardisation runs over).
+fn set_of(scope: NormScope, key: SampleKey) -> (usize, usize) {
+    match scope {
+        NormScope::PerAgentGlobal | NormScope::GroupMeanThenGlobal => (key.agent, 0),
+        NormScope::AllAgentsGlobal => (0, 0),
+        NormScope::PerPromptGroup => (key.agent, key.group),
+        NormScope::None => unreachable!("not a normalising scope"),
+    }
+}
+
+/// The valid advantages of each of the scope's token sets.
+fn sets(scope: NormScope, samples: &[Sample], adv: &[Vec<f64>]) -> Vec<Vec<f64>> {
+    let mut sets: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
+    for (s, a) in samples.iter().zip(adv) {
+        let valid = a.iter().zip(&s.mask).filter(|(_, &m)| m).map(|(&x, _)| x);
+        sets.entry(set_of(scope, s.key)).or_default().extend(valid);
+    }
+    sets.into_values().filter(|v| !v.is_empty()).collect()
+}
+
+fn mean_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * a.abs().max(b.abs()).max(1.0)
+}
+
+fn one_token_shaped_return(reward: f64) -> Vec<f64> {
+    let kl = KlConfig {
+        beta: 0.0,
+        ..KlConfig::default()
+    };
+    shape(reward, &[-1.0], &[-0.5], &[true], &kl, 1.0)
+        .unwrap()
+        .returns
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn normalised_sets_have_mean_zero_and_std_one(samples in batch()) {
+        let (keys, returns, masks) = columns(&samples);
+        for scope in NORMALISING {
+            let adv = advantages(&keys, &returns, &masks, scope).unwrap();
+            for set in sets(scope, &samples, &adv) {
+                let (mean, std) = mean_std(&set);
+                prop_assert!(close(mean, 0.0, 1e-9), "{scope:?}: mean {mean} of {set:?}");
+                // A set whose std was ~0 is only centred, so its std stays ~0.
+                prop_assert!(
+                    close(std, 1.0, 1e-9) || std < 1e-8,
+                    "{scope:?}: std {std} of {set:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn masked_returns_never_change_advantages(
+        samples in batch(),
+        noise in prop::collection::vec(-1e6..1e6f64, 50),
+    ) {
+        let (keys, returns, masks) = columns(&samples);
+        let mut noisy = returns.clone();
+        let mut next = noise.iter().cycle();
+        for (g, m) in noisy.iter_mut().zip(&masks) {
+            for (x, _) in g.iter_mut().zip(m).filter(|(_, &ok)| !ok) {
+                *x = *next.next().unwrap();
+            }
+        }
+        for scope in NORMALISING.into_iter().chain([NormScope::None]) {
+            let clean = advantages(&keys, &returns, &masks, scope).unwrap();
+            let dirty = advantages(&keys, &noisy, &masks, scope).unwrap();
+            prop_assert_eq!(&clean, &dirty);
+            let masked = clean.iter().flatten().zip(masks.iter().flatten());
+            prop_assert!(masked.filter(|(_, &m)| !m).all(|(&a, _)| a == 0.0));
+        }
+    }
+
+    #[test]
+    fn masked_logprobs_never_change_shaping(
+        reward in -10.0..10.0f64,
+        tokens in prop::collection::vec((-3.0..0.0f64, -3.0..0.0f64, any::<bool>(), -50.0..50.0f64), 1..12),
+        gamma in 0.0..=1.0f64,
+        estimator in prop_oneof![Just(KlEstimator::K1), Just(KlEstimator::K2), Just(KlEstimator::K3)],
+    ) {
+        let kl = KlConfig { beta: 0.1, estimator, placement: KlPlacement::Reward };
+        let old: Vec<f64> = tokens.iter().map(|t| t.0).collect();
+        let reference: Vec<f64> = tokens.iter().map(|t| t.1).collect();
+        let mask: Vec<bool> = tokens.iter().map(|t| t.2).collect();
+        let perturb = |values: &[f64]| -> Vec<f64> {
+            values.iter().zip(&tokens).map(|(&v, t)| if t.2 { v } else { v + t.3 }).collect()
+        };
+        let clean = shape(reward, &old, &reference, &mask, &kl, gamma).unwrap();
+        let dirty = shape(reward, &perturb(&old), &perturb(&reference), &mask, &kl, gamma).unwrap();
+        prop_assert_eq!(clean, dirty);
+    }
+
+    #[test]
+    fn one_token_per_agent_global_is_the_standardised_reward(
+        rewarded in prop::collection::vec((0..3usize, 0..2usize, -10.0..10.0f64), 1..12),
+    ) {
+        let keys: Vec<SampleKey> =
+            rewarded.iter().map(|&(agent, group, _)| SampleKey { agent, group }).collect();
+        let returns: Vec<Vec<f64>> =
+            rewarded.iter().map(|r| one_token_shaped_return(r.2)).collect();
+        let masks = vec![vec![true]; keys.len()];
+        let adv = advantages(&keys, &returns, &masks, NormScope::PerAgentGlobal).unwrap();
+        for (i, &(agent, _, reward)) in rewarded.iter().enumerate() {
+            let same_agent: Vec<f64> =
+                rewarded.iter().filter(|r| r.0 == agent).map(|r| r.2).collect();
+            let (mean, std) = mean_std(&same_agent);
+            let want = if std < 1e-8 { reward - mean } else { (reward - mean) / std };
+            prop_assert!(close(adv[i][0], want, 1e-9), "{} vs {}", adv[i][0], want);
+        }
+    }
+
+    #[test]
+    fn normalising_scopes_are_affine_invariant(
+        samples in prop::collection::vec(sample(Just(0.0)), 1..10),
+        // Rewards on a quarter grid, so a set's std is 0 or clearly not.
+        steps in prop::collection::vec(-20..20i32, 10),
+        a in 0.1..10.0f64,
+        b in -10.0..10.0f64,
+    ) {
+        let kl = KlConfig { beta: 0.0, ..KlConfig::default() };
+        let (keys, _, masks) = columns(&samples);
+        let returns_for = |scale: f64, shift: f64| -> Vec<Vec<f64>> {
+            samples.iter().zip(&steps).map(|(s, &k)| {
+                let reward = scale * (f64::from(k) / 4.0) + shift;
+                let old = vec![-1.0; s.mask.len()];
+                shape(reward, &old, &old, &s.mask, &kl, 1.0).unwrap().returns
+            }).collect()
+        };
+        let plain = returns_for(1.0, 0.0);
+        let moved = returns_for(a, b);
+        for scope in NORMALISING {
+            let want = advantages(&keys, &plain, &masks, scope).unwrap();
+            let got = advantages(&keys, &moved, &masks, scope).unwrap();
+            for (x, y) in want.iter().flatten().zip(got.iter().flatten()) {
+                prop_assert!(close(*x, *y, 1e-9), "{scope:?}: {want:?} vs {got:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn outcome_gives_every_action_the_same_reward(
+        outcome in -20.0..20.0f64,
+        actions in prop::collection::vec((0..4usize, 0.0..=10.0f64), 1..8),
+    ) {
+        let t = ScoredTrajectory {
+            group: 0,
+            outcome,
+            actions: actions.into_iter().map(|(agent, score)| ScoredAction { agent, score }).collect(),
+        };
+        let rewards = CreditStrategy::Outcome.rewards(&t).unwrap();
+        prop_assert_eq!(rewards.len(), t.actions.len());
+        prop_assert!(rewards.iter().all(|&r| r == outcome.clamp(-10.0, 10.0)));
+    }
+
+    #[test]
+    fn returns_follow_the_recursion_over_valid_tokens(
+        reward in -10.0..10.0f64,
+        tokens in prop::collection::vec((-3.0..0.0f64, -3.0..0.0f64, any::<bool>()), 0..12),
+        gamma in 0.0..=1.0f64,
+        beta in 0.0..1.0f64,
+    ) {
+        let kl = KlConfig { beta, ..KlConfig::default() };
+        let old: Vec<f64> = tokens.iter().map(|t| t.0).collect();
+        let reference: Vec<f64> = tokens.iter().map(|t| t.1).collect();
+        let mask: Vec<bool> = tokens.iter().map(|t| t.2).collect();
+        let s = shape(reward, &old, &reference, &mask, &kl, gamma).unwrap();
+        let valid: Vec<usize> = (0..mask.len()).filter(|&t| mask[t]).collect();
+        for (k, &t) in valid.iter().enumerate() {
+            let later = valid.get(k + 1).map_or(0.0, |&u| s.returns[u]);
+            prop_assert!(close(s.returns[t], s.token_rewards[t] + gamma * later, 1e-12));
+        }
+        if let Some(&last) = valid.last() {
+            prop_assert!(close(s.token_rewards[last], reward - beta * (old[last] - reference[last]), 1e-12));
+        }
+        for t in (0..mask.len()).filter(|&t| !mask[t]) {
+            prop_assert_eq!((s.kl[t], s.token_rewards[t], s.returns[t]), (0.0, 0.0, 0.0));
+        }
+    }
+
+    #[test]
+    fn zero_variance_batches_give_finite_advantages(
+        samples in prop::collection::vec(sample(Just(0.0)), 1..10),
+        constant in -1e3..1e3f64,
+    ) {
+        let (keys, _, masks) = columns(&samples);
+        let returns: Vec<Vec<f64>> = masks.iter().map(|m| vec![constant; m.len()]).collect();
+        for scope in NORMALISING {
+            let adv = advantages(&keys, &returns, &masks, scope).unwrap();
+            prop_assert!(adv.iter().flatten().all(|a| a.is_finite() && a.abs() < 1e-9), "{scope:?}: {adv:?}");
+        }
+    }
+
+    #[test]
+    fn strategy_rewards_are_one_per_action_and_clipped(
+        outcome in -20.0..20.0f64,
+        actions in prop::collection::vec((0..4usize, 0.0..=10.0f64), 1..8),
+        alpha in 0.0..=1.0f64,
+        gamma in 0.01..=1.0f64,
+    ) {
+        let t = ScoredTrajectory {
+            group: 1,
+            outcome,
+            actions: actions.into_iter().map(|(agent, score)| ScoredAction { agent, score }).collect(),
+        };
+        let process = CreditStrategy::Process.rewards(&t).unwrap();
+        let strategies = [
+            CreditStrategy::Process,
+            CreditStrategy::Outcome,
+            CreditStrategy::OutcomeFinalAgent,
+            CreditStrategy::Mixed { alpha },
+            CreditStrategy::DiscountedOutcome { gamma },
+            CreditStrategy::MinForm,
+        ];
+        for strategy in strategies {
+            let rewards = strategy.rewards(&t).unwrap();
+            prop_assert_eq!(rewards.len(), t.actions.len());
+            prop_assert!(rewards.iter().all(|r| (-10.0..=10.0).contains(r)));
+        }
+        let min_form = CreditStrategy::MinForm.rewards(&t).unwrap();
+        prop_assert!(min_form.iter().zip(&process).all(|(m, p)| m <= p));
+        prop_assert!(min_form.windows(2).all(|w| w[0] <= w[1]));
+    }
+}

@@ -1,0 +1,127 @@
+//! Hyper-parameters of a learner, as they appear in an experiment manifest.
+
+use serde::{Deserialize, Serialize};
+
+/// Optimiser, schedule and loss settings of one agent's learner.
+///
+/// Defaults are the paper's (METHOD.md section 5): Adam (0.9, 0.95), lr 1e-6
+/// decaying by cosine to 1e-7 after a 3% linear warm-up, no weight decay,
+/// gradient-norm clip 1.0, PPO clip 0.2, token-level mean.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Learning rate at the end of the cosine decay.
+    pub min_lr: f64,
+    /// Fraction of `total_steps` spent in linear warm-up.
+    pub warmup_fraction: f64,
+    /// Optimiser steps of the whole run (sets the schedule's length).
+    pub total_steps: usize,
+    /// Adam beta1.
+    pub beta1: f64,
+    /// Adam beta2.
+    pub beta2: f64,
+    /// Adam epsilon.
+    pub epsilon: f64,
+    /// Decoupled (AdamW) weight decay.
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (none: no clipping).
+    pub grad_clip: Option<f64>,
+    /// PPO ratio clip below 1: `rho >= 1 - clip_low`.
+    pub clip_low: f64,
+    /// PPO ratio clip above 1: `rho <= 1 + clip_high`.
+    pub clip_high: f64,
+    /// Dual-clip constant `c > 1` (Ye et al. 2020): for negative advantages the
+    /// objective is at least `c * A`. None: off (the paper).
+    pub dual_clip: Option<f64>,
+    /// Samples per forward/backward pass; gradients accumulate over the step.
+    pub micro_batch_size: usize,
+    /// Temperature of the log-probs (the rollout's sampling temperature).
+    pub logprob_temperature: f64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-6,
+            min_lr: 1e-7,
+            warmup_fraction: 0.03,
+            total_steps: 100,
+            beta1: 0.9,
+            beta2: 0.95,
+            epsilon: 1e-8,
+            weight_decay: 0.0,
+            grad_clip: Some(1.0),
+            clip_low: 0.2,
+            clip_high: 0.2,
+            dual_clip: None,
+            micro_batch_size: 4,
+            logprob_temperature: 1.0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Check ranges; the error names the field and what was expected.
+    pub fn validate(&self) -> Result<(), String> {
+        let check = |ok: bool, field: &str, expected: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("{field}: expected {expected}"))
+            }
+        };
+        check(
+            self.lr.is_finite() && self.lr > 0.0,
+            "lr",
+            "a positive number",
+        )?;
+        check(
+            self.min_lr >= 0.0 && self.min_lr <= self.lr,
+            "min_lr",
+            "a number in [0, lr]",
+        )?;
+        check(
+            (0.0..1.0).contains(&self.warmup_fraction),
+            "warmup_fraction",
+            "a number in [0, 1)",
+        )?;
+        check(self.total_steps > 0, "total_steps", "at least 1")?;
+        check(
+            (0.0..1.0).contains(&self.beta1),
+            "beta1",
+            "a number in [0, 1)",
+        )?;
+        check(
+            (0.0..1.0).contains(&self.beta2),
+            "beta2",
+            "a number in [0, 1)",
+        )?;
+        check(self.epsilon > 0.0, "epsilon", "a positive number")?;
+        check(self.weight_decay >= 0.0, "weight_decay", "a number >= 0")?;
+        check(
+            self.grad_clip.is_none_or(|c| c > 0.0),
+            "grad_clip",
+            "a positive number",
+        )?;
+        check(
+            (0.0..1.0).contains(&self.clip_low),
+            "clip_low",
+            "a number in [0, 1)",
+        )?;
+        check(self.clip_high >= 0.0, "clip_high", "a number >= 0")?;
+        check(
+            self.dual_clip.is_none_or(|c| c > 1.0),
+            "dual_clip",
+            "a number > 1",
+        )?;
+        check(self.micro_batch_size > 0, "micro_batch_size", "at least 1")?;
+        check(
+            self.logprob_temperature > 0.0,
+            "logprob_temperature",
+            "a positive number",
+        )?;
+        Ok(())
+    }
+}

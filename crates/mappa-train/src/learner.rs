@@ -1,0 +1,305 @@
+//! One agent's learner: its own policy weights, a frozen reference copy, an
+//! AdamW optimiser and the LR schedule. Each agent trains only on its own
+//! actions; a sample's prompt is the full context the model saw.
+
+use burn::module::AutodiffModule;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use mappa_model::{completion_logprobs, Transformer};
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainConfig;
+use crate::loss::{ppo_clip_loss, LossConfig, LossInputs};
+use crate::params::clip_global_grad_norm;
+use crate::schedule::learning_rate;
+use crate::TrainError;
+
+/// One action, ready for the policy update.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainSample {
+    /// The full context the agent saw (token ids).
+    pub prompt: Vec<u32>,
+    /// The agent's completion (token ids).
+    pub completion: Vec<u32>,
+    /// Per-token log-probs under the rollout policy.
+    pub old_logprobs: Vec<f32>,
+    /// Per-token log-probs under the frozen reference.
+    pub ref_logprobs: Vec<f32>,
+    /// Per-token advantages.
+    pub advantages: Vec<f32>,
+    /// Which tokens count (all false for a sample truncated before EOS).
+    pub mask: Vec<bool>,
+    /// The action's reward (for metrics).
+    pub reward: f64,
+}
+
+/// What one optimiser step of one agent did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMetrics {
+    /// The agent.
+    pub agent: String,
+    /// The optimiser step (0-based) this update was.
+    pub step: usize,
+    /// Samples in the step.
+    pub samples: usize,
+    /// Valid tokens in the step.
+    pub tokens: usize,
+    /// The PPO loss (token-level mean).
+    pub loss: f64,
+    /// Mean per valid token of the k1 KL estimate, policy against reference, before the update.
+    pub kl: f64,
+    /// Fraction of valid tokens where the clip was active.
+    pub clip_fraction: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Mean sample reward.
+    pub mean_reward: f64,
+    /// Mean advantage over valid tokens.
+    pub advantage_mean: f64,
+    /// Standard deviation of advantages over valid tokens.
+    pub advantage_std: f64,
+    /// Mean completion length in tokens.
+    pub response_length: f64,
+    /// Whether the update was skipped (no valid token).
+    pub skipped: bool,
+}
+
+/// An agent's policy, reference and optimiser.
+pub struct AgentLearner<B: AutodiffBackend> {
+    name: String,
+    policy: Transformer<B>,
+    reference: Transformer<B::InnerBackend>,
+    optimizer: OptimizerAdaptor<AdamW, Transformer<B>, B>,
+    config: TrainConfig,
+    step: usize,
+}
+
+impl<B: AutodiffBackend> AgentLearner<B> {
+    /// A learner whose reference is a frozen copy of `policy`.
+    pub fn new(
+        name: impl Into<String>,
+        policy: Transformer<B>,
+        config: TrainConfig,
+    ) -> Result<Self, TrainError> {
+        config.validate().map_err(TrainError::Config)?;
+        let reference = policy.valid();
+        let optimizer = AdamWConfig::new()
+            .with_beta_1(config.beta1 as f32)
+            .with_beta_2(config.beta2 as f32)
+            .with_epsilon(config.epsilon as f32)
+            .with_weight_decay(config.weight_decay as f32)
+            .init();
+        Ok(Self {
+            name: name.into(),
+            policy,
+            reference,
+            optimizer,
+            config,
+            step: 0,
+        })
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The policy being trained.
+    pub fn policy(&self) -> &Transformer<B> {
+        &self.policy
+    }
+
+    /// The frozen reference.
+    pub fn reference(&self) -> &Transformer<B::InnerBackend> {
+        &self.reference
+    }
+
+    /// Settings.
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// Optimiser steps taken (the schedule's position).
+    pub fn step(&self) -> usize {
+        self.step
+    }
+
+    pub(crate) fn parts_mut(
+        &mut self,
+    ) -> (
+        &mut Transformer<B>,
+        &mut OptimizerAdaptor<AdamW, Transformer<B>, B>,
+        &mut usize,
+    ) {
+        (&mut self.policy, &mut self.optimizer, &mut self.step)
+    }
+
+    pub(crate) fn optimizer(&self) -> &OptimizerAdaptor<AdamW, Transformer<B>, B> {
+        &self.optimizer
+    }
+
+    /// Teacher-forced log-probs of `(prompt, completion)` pairs under the
+    /// current policy (no gradient): the "old" log-probs of a fresh rollout.
+    pub fn policy_logprobs(&self, pairs: &[(&[u32], &[u32])]) -> Result<Vec<Vec<f32>>, TrainError> {
+        logprobs(&self.policy.valid(), pairs, self.config.logprob_temperature)
+    }
+
+    /// Teacher-forced log-probs under the frozen reference.
+    pub fn reference_logprobs(
+        &self,
+        pairs: &[(&[u32], &[u32])],
+    ) -> Result<Vec<Vec<f32>>, TrainError> {
+        logprobs(&self.reference, pairs, self.config.logprob_temperature)
+    }
+
+    /// One optimiser step on `samples` (all of this agent's actions in the
+    /// rollout step), in micro-batches with gradient accumulation.
+    pub fn train_step(
+        &mut self,
+        samples: &[TrainSample],
+        loss_config: &LossConfig,
+    ) -> Result<StepMetrics, TrainError> {
+        for (i, s) in samples.iter().enumerate() {
+            let n = s.completion.len();
+            if [
+                s.old_logprobs.len(),
+                s.ref_logprobs.len(),
+                s.advantages.len(),
+                s.mask.len(),
+            ]
+            .iter()
+            .any(|&l| l != n)
+            {
+                return Err(TrainError::Input(format!(
+                    "agent {} sample {i}: completion has {n} tokens but old/ref log-probs, advantages and mask have {}/{}/{}/{}",
+                    self.name,
+                    s.old_logprobs.len(),
+                    s.ref_logprobs.len(),
+                    s.advantages.len(),
+                    s.mask.len()
+                )));
+            }
+        }
+        let tokens: usize = samples
+            .iter()
+            .map(|s| s.mask.iter().filter(|m| **m).count())
+            .sum();
+        let valid_advantages: Vec<f64> = samples
+            .iter()
+            .flat_map(|s| {
+                s.advantages
+                    .iter()
+                    .zip(&s.mask)
+                    .filter(|(_, m)| **m)
+                    .map(|(a, _)| *a as f64)
+            })
+            .collect();
+        let (advantage_mean, advantage_std) = mean_std(&valid_advantages);
+        let lr = learning_rate(&self.config, self.step);
+        let mut metrics = StepMetrics {
+            agent: self.name.clone(),
+            step: self.step,
+            samples: samples.len(),
+            tokens,
+            loss: 0.0,
+            kl: 0.0,
+            clip_fraction: 0.0,
+            grad_norm: 0.0,
+            lr,
+            mean_reward: samples.iter().map(|s| s.reward).sum::<f64>()
+                / samples.len().max(1) as f64,
+            advantage_mean,
+            advantage_std,
+            response_length: samples.iter().map(|s| s.completion.len()).sum::<usize>() as f64
+                / samples.len().max(1) as f64,
+            skipped: tokens == 0,
+        };
+        if tokens == 0 {
+            self.step += 1;
+            return Ok(metrics);
+        }
+        let device = self.policy.device();
+        let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
+        let (mut clipped, mut kl_sum) = (0.0, 0.0);
+        for chunk in samples.chunks(self.config.micro_batch_size) {
+            let pairs: Vec<(&[u32], &[u32])> = chunk
+                .iter()
+                .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
+                .collect();
+            let current =
+                completion_logprobs(&self.policy, &pairs, self.config.logprob_temperature as f32)
+                    .map_err(|e| TrainError::Model(e.to_string()))?;
+            let width = current.logprobs.dims()[1];
+            let grid = |f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
+                let mut values = Vec::with_capacity(chunk.len() * width);
+                for s in chunk {
+                    values.extend((0..width).map(|t| {
+                        if t < s.completion.len() {
+                            f(s, t)
+                        } else {
+                            0.0
+                        }
+                    }));
+                }
+                Tensor::from_data(TensorData::new(values, [chunk.len(), width]), &device)
+            };
+            let out = ppo_clip_loss(
+                LossInputs {
+                    logprobs: current.logprobs,
+                    old_logprobs: grid(&|s, t| s.old_logprobs[t]),
+                    ref_logprobs: grid(&|s, t| s.ref_logprobs[t]),
+                    advantages: grid(&|s, t| s.advantages[t]),
+                    mask: grid(&|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
+                },
+                loss_config,
+                tokens as f64,
+            );
+            metrics.loss += out.loss.clone().into_scalar().elem::<f64>();
+            clipped += out.clipped_tokens;
+            kl_sum += out.kl_sum;
+            let grads = GradientsParams::from_grads(out.loss.backward(), &self.policy);
+            accumulator.accumulate(&self.policy, grads);
+        }
+        let mut grads = accumulator.grads();
+        metrics.grad_norm = match self.config.grad_clip {
+            Some(max) => clip_global_grad_norm(&self.policy, &mut grads, max),
+            None => crate::params::global_grad_norm(&self.policy, &grads),
+        };
+        if !metrics.grad_norm.is_finite() {
+            return Err(TrainError::NonFinite(format!(
+                "agent {} step {}: the gradient norm is {}",
+                self.name, self.step, metrics.grad_norm
+            )));
+        }
+        metrics.clip_fraction = clipped / tokens as f64;
+        metrics.kl = kl_sum / tokens as f64;
+        self.policy = self.optimizer.step(lr, self.policy.clone(), grads);
+        self.step += 1;
+        Ok(metrics)
+    }
+}
+
+fn logprobs<B: Backend>(
+    model: &Transformer<B>,
+    pairs: &[(&[u32], &[u32])],
+    temperature: f64,
+) -> Result<Vec<Vec<f32>>, TrainError> {
+    completion_logprobs(model, pairs, temperature as f32)
+        .map(|l| l.to_vecs())
+        .map_err(|e| TrainError::Model(e.to_string()))
+}
+
+/// Mean and population standard deviation (0, 0 for no values).
+fn mean_std(values: &[f64]) -> (f64, f64) {
+    if values.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+    (mean, var.sqrt())
+}

@@ -1,0 +1,51 @@
+//! Training for mappa: one REINFORCE++ learner per agent, each with its own
+//! weights, frozen reference and optimiser (METHOD.md section 5).
+//!
+//! - [`config`]: the learner's hyper-parameters (the paper's by default).
+//! - [`schedule`]: linear warm-up then cosine decay of the learning rate.
+//! - [`loss`]: PPO-clip with optional dual clip and KL-in-loss.
+//! - [`params`]: global gradient-norm clipping and parameter ids.
+//! - [`learner`]: [`AgentLearner`]: log-probs under policy and reference, and
+//!   one optimiser step in micro-batches.
+//! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
+//!   schedule position, RNG streams and counters, with a sha256 index; a
+//!   resumed run is bit-identical on the CPU backend.
+//!
+//! Everything is generic over `B: AutodiffBackend`; the concrete backend is
+//! chosen by the caller.
+
+pub mod checkpoint;
+pub mod config;
+pub mod learner;
+pub mod loss;
+pub mod params;
+pub mod schedule;
+
+pub use config::TrainConfig;
+pub use learner::{AgentLearner, StepMetrics, TrainSample};
+pub use loss::LossConfig;
+
+/// Errors of training.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// Bad hyper-parameters.
+    #[error("training configuration: {0}")]
+    Config(String),
+    /// Inconsistent samples.
+    #[error("training input: {0}")]
+    Input(String),
+    /// The model failed.
+    #[error("model: {0}")]
+    Model(String),
+    /// A non-finite loss or gradient.
+    #[error("non-finite values: {0}")]
+    NonFinite(String),
+    /// A checkpoint problem; names the file.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The file or directory.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+}

@@ -1,0 +1,364 @@
+//! The learner on a tiny model: the PPO-clip gradient against finite
+//! differences, the direction of one update, micro-batch accumulation,
+//! exact resume from a checkpoint, and corrupted checkpoints.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Autodiff;
+use burn::module::{AutodiffModule, ModuleMapper, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use mappa_core::rng::RngStream;
+use mappa_model::weights::{hf_tensors, load_transformer};
+use mappa_model::{completion_logprobs, Transformer};
+use mappa_train::checkpoint::{load_checkpoint, save_checkpoint, StreamState, TrainerState};
+use mappa_train::loss::{ppo_clip_loss, LossInputs};
+use mappa_train::params::param_ids;
+use mappa_train::{AgentLearner, LossConfig, TrainConfig, TrainError, TrainSample};
+
+type B = Autodiff<mappa_model::backend::Cpu>;
+
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen3-tiny")
+}
+
+fn model() -> Transformer<B> {
+    load_transformer::<B>(&model_dir(), &Default::default()).unwrap()
+}
+
+fn loss_config() -> LossConfig {
+    LossConfig {
+        clip_low: 0.2,
+        clip_high: 0.2,
+        dual_clip: None,
+        kl_in_loss: None,
+    }
+}
+
+fn tokens(rng: &mut RngStream, n: usize) -> Vec<u32> {
+    (0..n).map(|_| 10 + rng.below(300) as u32).collect()
+}
+
+/// Samples with fixed advantages; old and reference log-probs from `learner`.
+fn samples(learner: &AgentLearner<B>, seed: u64, advantages: &[f32]) -> Vec<TrainSample> {
+    let mut rng = RngStream::from_u64(seed);
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = advantages
+        .iter()
+        .enumerate()
+        .map(|(i, _)| (tokens(&mut rng, 4 + i), tokens(&mut rng, 3 + 2 * i)))
+        .collect();
+    let refs: Vec<(&[u32], &[u32])> = pairs
+        .iter()
+        .map(|(p, c)| (p.as_slice(), c.as_slice()))
+        .collect();
+    let old = learner.policy_logprobs(&refs).unwrap();
+    let reference = learner.reference_logprobs(&refs).unwrap();
+    pairs
+        .into_iter()
+        .zip(old)
+        .zip(reference)
+        .zip(advantages)
+        .map(
+            |((((prompt, completion), old_logprobs), ref_logprobs), &a)| TrainSample {
+                mask: vec![true; completion.len()],
+                advantages: vec![a; completion.len()],
+                prompt,
+                completion,
+                old_logprobs,
+                ref_logprobs,
+                reward: a as f64,
+            },
+        )
+        .collect()
+}
+
+fn config(lr: f64, total_steps: usize, micro: usize) -> TrainConfig {
+    TrainConfig {
+        lr,
+        min_lr: lr / 10.0,
+        warmup_fraction: 0.0,
+        total_steps,
+        micro_batch_size: micro,
+        ..Default::default()
+    }
+}
+
+/// Adds `h * direction` to the parameter `id`.
+struct Nudge<'a> {
+    id: ParamId,
+    direction: &'a [f32],
+    h: f32,
+}
+
+impl<Bk: Backend> ModuleMapper<Bk> for Nudge<'_> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<Bk, D>>) -> Param<Tensor<Bk, D>> {
+        if param.id != self.id {
+            return param;
+        }
+        let (id, tensor, mapper) = param.consume();
+        let shape = tensor.shape();
+        let delta =
+            Tensor::<Bk, 1>::from_floats(self.direction, &tensor.device()).reshape(shape) * self.h;
+        Param::from_mapped_value(id, tensor + delta, mapper)
+    }
+}
+
+fn loss_value<Bk: Backend>(model: &Transformer<Bk>, batch: &[TrainSample]) -> (Tensor<Bk, 1>, f64) {
+    let pairs: Vec<(&[u32], &[u32])> = batch
+        .iter()
+        .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
+        .collect();
+    let current = completion_logprobs(model, &pairs, 1.0).unwrap();
+    let width = current.logprobs.dims()[1];
+    let device = model.device();
+    let grid = |f: &dyn Fn(&TrainSample, usize) -> f32| {
+        let mut v = Vec::new();
+        for s in batch {
+            v.extend((0..width).map(|t| if t < s.completion.len() { f(s, t) } else { 0.0 }));
+        }
+        Tensor::<Bk, 2>::from_data(TensorData::new(v, [batch.len(), width]), &device)
+    };
+    let tokens: usize = batch.iter().map(|s| s.completion.len()).sum();
+    let out = ppo_clip_loss(
+        LossInputs {
+            logprobs: current.logprobs,
+            old_logprobs: grid(&|s, t| s.old_logprobs[t]),
+            ref_logprobs: grid(&|s, t| s.ref_logprobs[t]),
+            advantages: grid(&|s, t| s.advantages[t]),
+            mask: grid(&|s, t| s.mask[t] as u8 as f32),
+        },
+        &loss_config(),
+        tokens as f64,
+    );
+    let value = out.loss.clone().into_scalar().elem::<f64>();
+    (out.loss, value)
+}
+
+#[test]
+fn ppo_clip_gradient_matches_finite_differences() {
+    let learner = AgentLearner::new("solver", model(), config(1e-3, 10, 4)).unwrap();
+    let mut batch = samples(&learner, 1, &[1.0, -0.7, 0.4]);
+    // Move the old log-probs a little so that ratios differ from 1 but stay inside the clip.
+    let mut rng = RngStream::from_u64(9);
+    for s in &mut batch {
+        for lp in &mut s.old_logprobs {
+            *lp += 0.05 * (rng.uniform() as f32 - 0.5);
+        }
+    }
+    let policy = learner.policy().clone();
+    let (loss, _) = loss_value(&policy, &batch);
+    let grads = GradientsParams::from_grads(loss.backward(), &policy);
+    // The final norm's weight: a small, well-conditioned parameter.
+    let id = *param_ids(&policy).last().unwrap();
+    let grad: Vec<f32> = grads
+        .get::<mappa_model::backend::Cpu, 1>(id)
+        .expect("a gradient")
+        .into_data()
+        .into_vec()
+        .unwrap();
+    let direction: Vec<f32> = (0..grad.len())
+        .map(|i| if i % 3 == 0 { 1.0 } else { -0.5 })
+        .collect();
+    let analytic: f64 = grad
+        .iter()
+        .zip(&direction)
+        .map(|(g, d)| (*g as f64) * (*d as f64))
+        .sum();
+
+    let inner = policy.valid();
+    let h = 1e-2f32;
+    let plus = inner.clone().map(&mut Nudge {
+        id,
+        direction: &direction,
+        h,
+    });
+    let minus = inner.map(&mut Nudge {
+        id,
+        direction: &direction,
+        h: -h,
+    });
+    let numeric = (loss_value(&plus, &batch).1 - loss_value(&minus, &batch).1) / (2.0 * h as f64);
+    assert!(
+        analytic.abs() > 1e-5,
+        "a vanishing gradient proves nothing: {analytic}"
+    );
+    assert!(
+        (analytic - numeric).abs() <= 0.02 * analytic.abs() + 1e-5,
+        "analytic {analytic} vs finite differences {numeric}"
+    );
+}
+
+fn mean_logprob(learner: &AgentLearner<B>, s: &TrainSample) -> f64 {
+    let lp = learner
+        .policy_logprobs(&[(s.prompt.as_slice(), s.completion.as_slice())])
+        .unwrap();
+    lp[0].iter().map(|&x| x as f64).sum::<f64>() / lp[0].len() as f64
+}
+
+#[test]
+fn one_step_raises_positive_and_lowers_negative_advantage_tokens() {
+    let mut learner = AgentLearner::new("solver", model(), config(1e-3, 10, 4)).unwrap();
+    let batch = samples(&learner, 2, &[1.0, -1.0]);
+    let before: Vec<f64> = batch.iter().map(|s| mean_logprob(&learner, s)).collect();
+    let metrics = learner.train_step(&batch, &loss_config()).unwrap();
+    let after: Vec<f64> = batch.iter().map(|s| mean_logprob(&learner, s)).collect();
+    assert!(
+        after[0] > before[0],
+        "positive advantage: {} -> {}",
+        before[0],
+        after[0]
+    );
+    assert!(
+        after[1] < before[1],
+        "negative advantage: {} -> {}",
+        before[1],
+        after[1]
+    );
+    assert_eq!(metrics.step, 0);
+    assert_eq!(learner.step(), 1);
+    assert!(metrics.grad_norm > 0.0 && metrics.lr == 1e-3);
+    assert_eq!(
+        metrics.clip_fraction, 0.0,
+        "ratios are 1 on the first micro-batch of an on-policy step"
+    );
+    assert!(
+        metrics.kl.abs() < 1e-6,
+        "policy equals reference before the first update"
+    );
+}
+
+#[test]
+fn micro_batches_accumulate_to_the_full_batch_update() {
+    let advantages = [0.8, -0.3, 0.5, -1.0];
+    let mut whole = AgentLearner::new("a", model(), config(1e-3, 10, 4)).unwrap();
+    let mut pieces = AgentLearner::new("a", model(), config(1e-3, 10, 1)).unwrap();
+    let batch = samples(&whole, 3, &advantages);
+    let m1 = whole.train_step(&batch, &loss_config()).unwrap();
+    let m2 = pieces.train_step(&batch, &loss_config()).unwrap();
+    assert!(
+        (m1.loss - m2.loss).abs() < 1e-6,
+        "{} vs {}",
+        m1.loss,
+        m2.loss
+    );
+    assert!(
+        (m1.grad_norm - m2.grad_norm).abs() < 1e-4 * m1.grad_norm,
+        "{} vs {}",
+        m1.grad_norm,
+        m2.grad_norm
+    );
+    for ((name, _, a), (_, _, b)) in hf_tensors(whole.policy())
+        .iter()
+        .zip(hf_tensors(pieces.policy()).iter())
+    {
+        let diff = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(diff < 1e-5, "{name}: {diff}");
+    }
+}
+
+#[test]
+fn truncated_samples_are_masked_out() {
+    let mut learner = AgentLearner::new("a", model(), config(1e-3, 10, 4)).unwrap();
+    let mut batch = samples(&learner, 4, &[1.0]);
+    batch[0].mask.iter_mut().for_each(|m| *m = false);
+    let before = hf_tensors(learner.policy());
+    let metrics = learner.train_step(&batch, &loss_config()).unwrap();
+    assert!(metrics.skipped);
+    assert_eq!(
+        before,
+        hf_tensors(learner.policy()),
+        "nothing to learn from a truncated sample"
+    );
+}
+
+fn run_steps(learner: &mut AgentLearner<B>, from: usize, to: usize) {
+    for step in from..to {
+        let batch = samples(learner, 100 + step as u64, &[1.0, -0.5, 0.25]);
+        learner.train_step(&batch, &loss_config()).unwrap();
+    }
+}
+
+fn state() -> TrainerState {
+    let mut stream = RngStream::from_u64(5);
+    stream.next_u64();
+    let mut state = TrainerState {
+        step: 2,
+        dataset_cursor: 17,
+        ..Default::default()
+    };
+    state
+        .rng_streams
+        .insert("rollout".into(), StreamState::from(stream.state()));
+    state
+}
+
+#[test]
+fn resuming_from_a_checkpoint_is_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let total = 4;
+    let mut straight = AgentLearner::new("solver", model(), config(1e-3, total, 2)).unwrap();
+    run_steps(&mut straight, 0, total);
+
+    let mut first = AgentLearner::new("solver", model(), config(1e-3, total, 2)).unwrap();
+    run_steps(&mut first, 0, 2);
+    let ck = dir.path().join("step-2");
+    save_checkpoint(&ck, &[&first], &state()).unwrap();
+    drop(first);
+
+    let mut resumed = vec![AgentLearner::new("solver", model(), config(1e-3, total, 2)).unwrap()];
+    let restored = load_checkpoint(&ck, &mut resumed).unwrap();
+    assert_eq!(restored, state());
+    let rng = restored.rng_streams["rollout"].to_rng_state().unwrap();
+    assert_eq!(RngStream::from_state(rng).next_u64(), {
+        let mut s = RngStream::from_u64(5);
+        s.next_u64();
+        s.next_u64()
+    });
+    assert_eq!(resumed[0].step(), 2);
+    run_steps(&mut resumed[0], 2, total);
+    assert_eq!(
+        hf_tensors(straight.policy()),
+        hf_tensors(resumed[0].policy()),
+        "weights differ after resume"
+    );
+}
+
+fn corrupt(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let i = bytes.len() / 2;
+    bytes[i] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn corrupted_or_missing_checkpoint_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let learner = AgentLearner::new("verifier", model(), config(1e-3, 4, 2)).unwrap();
+    let ck = dir.path().join("ck");
+    save_checkpoint(&ck, &[&learner], &TrainerState::default()).unwrap();
+    let fresh = || vec![AgentLearner::new("verifier", model(), config(1e-3, 4, 2)).unwrap()];
+
+    corrupt(&ck.join("agents/verifier/optimizer.bin"));
+    match load_checkpoint(&ck, &mut fresh()) {
+        Err(TrainError::Checkpoint { path, message }) => {
+            assert!(path.ends_with("agents/verifier/optimizer.bin"), "{path}");
+            assert!(message.contains("does not match"), "{message}");
+        }
+        other => panic!("expected a checkpoint error, got {:?}", other.map(|_| ())),
+    }
+    save_checkpoint(&ck, &[&learner], &TrainerState::default()).unwrap();
+    std::fs::remove_file(ck.join("agents/verifier/model.safetensors")).unwrap();
+    let err = load_checkpoint(&ck, &mut fresh()).unwrap_err().to_string();
+    assert!(
+        err.contains("model.safetensors") && err.contains("missing"),
+        "{err}"
+    );
+    let mut other = vec![AgentLearner::new("solver", model(), config(1e-3, 4, 2)).unwrap()];
+    save_checkpoint(&ck, &[&learner], &TrainerState::default()).unwrap();
+    let err = load_checkpoint(&ck, &mut other).unwrap_err().to_string();
+    assert!(err.contains("solver"), "{err}");
+}
