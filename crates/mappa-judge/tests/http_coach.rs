@@ -249,3 +249,28 @@ fn replay_reproduces_a_recorded_batch_without_network_and_no_file_holds_the_key(
         "the search can find what is there"
     );
 }
+
+#[test]
+fn requests_per_minute_spaces_request_starts() {
+    let server = FakeServer::start();
+    let mut config = endpoint(&server.base_url);
+    config.requests_per_minute = Some(600.0); // one start per 100 ms
+    let backend = OpenAiBackend::new(config).unwrap();
+    let coach = LlmCoach::new(
+        "openai:judge-test",
+        backend,
+        RubricSet::builtin(Domain::MathChat),
+        LlmSettings::default(),
+        None,
+    )
+    .unwrap();
+    let actions: Vec<_> = (0..5)
+        .map(|i| action(&format!("q{i}"), "good", "problem_solver"))
+        .collect();
+    let start = Instant::now();
+    coach.score_batch(&actions).unwrap();
+    let elapsed = start.elapsed();
+    assert_eq!(server.count("good"), 5);
+    // Five starts 100 ms apart, even with eight workers free.
+    assert!(elapsed >= Duration::from_millis(390), "{elapsed:?}");
+}

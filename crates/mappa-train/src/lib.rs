@@ -7,6 +7,8 @@
 //! - [`params`]: global gradient-norm clipping and parameter ids.
 //! - [`learner`]: [`AgentLearner`]: log-probs under policy and reference, and
 //!   one optimiser step in micro-batches.
+//! - [`step`]: from scored trajectories to per-agent samples through
+//!   `mappa-credit` (strategy, KL shaping, returns, normalisation scope).
 //! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
 //!   schedule position, RNG streams and counters, with a sha256 index; a
 //!   resumed run is bit-identical on the CPU backend.
@@ -20,10 +22,12 @@ pub mod learner;
 pub mod loss;
 pub mod params;
 pub mod schedule;
+pub mod step;
 
 pub use config::TrainConfig;
 pub use learner::{AgentLearner, StepMetrics, TrainSample};
 pub use loss::LossConfig;
+pub use step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
 
 /// Errors of training.
 #[derive(Debug, thiserror::Error)]

@@ -362,3 +362,75 @@ fn corrupted_or_missing_checkpoint_files_are_named() {
     let err = load_checkpoint(&ck, &mut other).unwrap_err().to_string();
     assert!(err.contains("solver"), "{err}");
 }
+
+fn action(agent: usize, seed: u64, truncated: bool, score: f64) -> mappa_train::RolloutAction {
+    let mut rng = RngStream::from_u64(seed);
+    mappa_train::RolloutAction {
+        agent,
+        prompt: tokens(&mut rng, 5),
+        completion: tokens(&mut rng, 4),
+        truncated,
+        score,
+    }
+}
+
+#[test]
+fn a_rollout_step_becomes_per_agent_samples_normalised_per_agent() {
+    use mappa_credit::CreditConfig;
+    use mappa_train::{build_samples, RolloutTrajectory};
+    let learners = vec![
+        AgentLearner::new("solver", model(), config(1e-3, 4, 2)).unwrap(),
+        AgentLearner::new("verifier", model(), config(1e-3, 4, 2)).unwrap(),
+    ];
+    let trajectories = vec![
+        RolloutTrajectory {
+            group: 0,
+            outcome: 1.0,
+            actions: vec![action(0, 1, false, 8.0), action(1, 2, false, 9.0)],
+        },
+        RolloutTrajectory {
+            group: 0,
+            outcome: 0.0,
+            actions: vec![action(0, 3, false, 3.0), action(1, 4, true, 2.0)],
+        },
+        RolloutTrajectory {
+            group: 1,
+            outcome: 0.0,
+            actions: vec![action(0, 5, false, 5.0), action(1, 6, false, 1.0)],
+        },
+    ];
+    let samples = build_samples(&learners, &trajectories, &CreditConfig::default()).unwrap();
+    assert_eq!(samples.len(), 2);
+    assert_eq!(samples[0].len(), 3);
+    assert_eq!(samples[1].len(), 3);
+    assert_eq!(samples[0][0].reward, 0.8);
+    assert!(
+        samples[1][1].mask.iter().all(|m| !m),
+        "the truncated action is masked out"
+    );
+    assert!(samples[1][1].advantages.iter().all(|&a| a == 0.0));
+    for agent in &samples {
+        let valid: Vec<f64> = agent
+            .iter()
+            .flat_map(|s| {
+                s.advantages
+                    .iter()
+                    .zip(&s.mask)
+                    .filter(|(_, m)| **m)
+                    .map(|(a, _)| *a as f64)
+            })
+            .collect();
+        let mean = valid.iter().sum::<f64>() / valid.len() as f64;
+        assert!(
+            mean.abs() < 1e-5,
+            "per-agent advantages have mean 0: {mean}"
+        );
+        assert!(agent[0].advantages[0] != 0.0);
+    }
+    // Higher coach score, higher advantage (the solver's 8 against its 3).
+    assert!(samples[0][0].advantages[0] > samples[0][1].advantages[0]);
+    let mut learners = learners;
+    let loss = mappa_train::loss_config(learners[1].config(), &CreditConfig::default());
+    let metrics = learners[1].train_step(&samples[1], &loss).unwrap();
+    assert_eq!(metrics.tokens, 8);
+}

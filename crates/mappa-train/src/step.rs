@@ -1,0 +1,156 @@
+//! From a scored rollout step to per-agent training samples: credit
+//! strategy -> rewards per action; policy and reference log-probs; KL
+//! shaping and returns; normalisation over the configured scope; then one
+//! list of [`TrainSample`]s per agent. Each agent's samples are only its own
+//! actions.
+
+use burn::tensor::backend::AutodiffBackend;
+use mappa_credit::{CreditConfig, KlPlacement, SampleKey, ScoredAction, ScoredTrajectory};
+use serde::{Deserialize, Serialize};
+
+use crate::learner::{AgentLearner, TrainSample};
+use crate::loss::LossConfig;
+use crate::{TrainConfig, TrainError};
+
+/// One action of a rollout, with its coach score.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutAction {
+    /// Index of the agent (its learner) that acted.
+    pub agent: usize,
+    /// The full context the agent saw.
+    pub prompt: Vec<u32>,
+    /// What it generated.
+    pub completion: Vec<u32>,
+    /// Whether generation stopped at the token limit before EOS (masked out).
+    pub truncated: bool,
+    /// The coach's process score in [0, 10].
+    pub score: f64,
+}
+
+/// One trajectory of a rollout step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RolloutTrajectory {
+    /// The prompt (task) it was sampled for.
+    pub group: usize,
+    /// The graded outcome (1/0, or a [0, 1] quality).
+    pub outcome: f64,
+    /// Its actions, in chain order.
+    pub actions: Vec<RolloutAction>,
+}
+
+/// The PPO loss settings implied by the learner and credit configurations.
+pub fn loss_config(train: &TrainConfig, credit: &CreditConfig) -> LossConfig {
+    LossConfig {
+        clip_low: train.clip_low,
+        clip_high: train.clip_high,
+        dual_clip: train.dual_clip,
+        kl_in_loss: (credit.kl.placement == KlPlacement::Loss)
+            .then_some((credit.kl.beta, credit.kl.estimator)),
+    }
+}
+
+/// Turn a step's trajectories into training samples, one list per learner
+/// (indexed like `learners`).
+pub fn build_samples<B: AutodiffBackend>(
+    learners: &[AgentLearner<B>],
+    trajectories: &[RolloutTrajectory],
+    credit: &CreditConfig,
+) -> Result<Vec<Vec<TrainSample>>, TrainError> {
+    credit
+        .validate()
+        .map_err(|e| TrainError::Config(e.to_string()))?;
+    let credit_err = |e: mappa_credit::CreditError| TrainError::Input(e.to_string());
+    // Rewards per action, in flattened order.
+    let mut flat: Vec<(&RolloutAction, usize, f64)> = Vec::new();
+    for (t, trajectory) in trajectories.iter().enumerate() {
+        let scored = ScoredTrajectory {
+            group: trajectory.group,
+            outcome: trajectory.outcome,
+            actions: trajectory
+                .actions
+                .iter()
+                .map(|a| ScoredAction {
+                    agent: a.agent,
+                    score: a.score,
+                })
+                .collect(),
+        };
+        let rewards = credit.rewards(&scored).map_err(credit_err)?;
+        for (action, reward) in trajectory.actions.iter().zip(rewards) {
+            if action.agent >= learners.len() {
+                return Err(TrainError::Input(format!(
+                    "trajectory {t}: agent index {} but there are {} learners",
+                    action.agent,
+                    learners.len()
+                )));
+            }
+            flat.push((action, trajectory.group, reward));
+        }
+    }
+    // Log-probs under each agent's policy and reference, one batch per agent.
+    let mut old = vec![Vec::new(); flat.len()];
+    let mut reference = vec![Vec::new(); flat.len()];
+    for (agent, learner) in learners.iter().enumerate() {
+        let mine: Vec<usize> = (0..flat.len())
+            .filter(|&i| flat[i].0.agent == agent)
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let pairs: Vec<(&[u32], &[u32])> = mine
+            .iter()
+            .map(|&i| (flat[i].0.prompt.as_slice(), flat[i].0.completion.as_slice()))
+            .collect();
+        for (&i, (o, r)) in mine.iter().zip(
+            learner
+                .policy_logprobs(&pairs)?
+                .into_iter()
+                .zip(learner.reference_logprobs(&pairs)?),
+        ) {
+            old[i] = o;
+            reference[i] = r;
+        }
+    }
+    // Shaping, then normalisation over the scope.
+    let masks: Vec<Vec<bool>> = flat
+        .iter()
+        .map(|(a, _, _)| vec![!a.truncated; a.completion.len()])
+        .collect();
+    let mut returns = Vec::with_capacity(flat.len());
+    for (i, (_, _, reward)) in flat.iter().enumerate() {
+        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+        let shaped = credit
+            .shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])
+            .map_err(credit_err)?;
+        returns.push(shaped.returns);
+    }
+    let keys: Vec<SampleKey> = flat
+        .iter()
+        .map(|(a, group, _)| SampleKey {
+            agent: a.agent,
+            group: *group,
+        })
+        .collect();
+    let advantages = credit
+        .advantages(&keys, &returns, &masks)
+        .map_err(credit_err)?;
+
+    let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
+    for ((((action, _, reward), mask), advantages), (old, reference)) in flat
+        .into_iter()
+        .zip(masks)
+        .zip(advantages)
+        .zip(old.into_iter().zip(reference))
+    {
+        per_agent[action.agent].push(TrainSample {
+            prompt: action.prompt.clone(),
+            completion: action.completion.clone(),
+            old_logprobs: old,
+            ref_logprobs: reference,
+            advantages: advantages.iter().map(|&a| a as f32).collect(),
+            mask,
+            reward,
+        });
+    }
+    Ok(per_agent)
+}
