@@ -7,6 +7,7 @@
 //! - [`params`]: global gradient-norm clipping and parameter ids.
 //! - [`learner`]: [`AgentLearner`]: log-probs under policy and reference, and
 //!   one optimiser step in micro-batches.
+//! - [`policy`]: the burn model as a `mappa_agents::Policy`.
 //! - [`step`]: from scored trajectories to per-agent samples through
 //!   `mappa-credit` (strategy, KL shaping, returns, normalisation scope).
 //! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
@@ -21,12 +22,14 @@ pub mod config;
 pub mod learner;
 pub mod loss;
 pub mod params;
+pub mod policy;
 pub mod schedule;
 pub mod step;
 
 pub use config::TrainConfig;
 pub use learner::{AgentLearner, StepMetrics, TrainSample};
 pub use loss::LossConfig;
+pub use policy::ModelPolicy;
 pub use step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
 
 /// Errors of training.

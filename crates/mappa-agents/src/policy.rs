@@ -1,0 +1,102 @@
+//! Policies: what turns a batch of chat prompts into completions. The burn
+//! model policy lives with the trainer (`mappa-train`); here are the trait
+//! and a scripted policy for workflow and harness tests.
+
+use serde::{Deserialize, Serialize};
+
+use crate::AgentError;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message.
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// One prompt of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyRequest {
+    /// The conversation so far (the agent's full input).
+    pub messages: Vec<Message>,
+    /// Name of the RNG stream this sample draws from (task, sample, agent,
+    /// turn), so a completion does not depend on its batch mates.
+    pub stream: String,
+}
+
+/// One completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyOutput {
+    /// The completion text.
+    pub text: String,
+    /// The prompt as the model saw it (token ids; empty for untokenised policies).
+    pub prompt_ids: Vec<u32>,
+    /// The completion (token ids; empty for untokenised policies).
+    pub completion_ids: Vec<u32>,
+    /// Per-token log-probs of the completion under the policy.
+    pub logprobs: Vec<f32>,
+    /// Generation stopped at the token limit before EOS.
+    pub truncated: bool,
+}
+
+/// Generates completions for a batch of chat prompts.
+pub trait Policy: Send + Sync {
+    /// A name for records (scripted policies say "scripted").
+    fn name(&self) -> String;
+    /// One completion per request, in order.
+    fn generate(&self, requests: &[PolicyRequest]) -> Result<Vec<PolicyOutput>, AgentError>;
+}
+
+/// A function from a request to a reply.
+pub type Script = dyn Fn(&PolicyRequest) -> String + Send + Sync;
+
+/// A policy that answers from a script (canned or computed replies), with
+/// no tokens or log-probs: for workflow tests and pipeline demonstrations,
+/// never for training.
+pub struct ScriptedPolicy {
+    name: String,
+    script: Box<Script>,
+}
+
+impl ScriptedPolicy {
+    /// A scripted policy called `scripted-<name>`.
+    pub fn new(
+        name: &str,
+        script: impl Fn(&PolicyRequest) -> String + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name: format!("scripted-{name}"),
+            script: Box::new(script),
+        }
+    }
+}
+
+impl Policy for ScriptedPolicy {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn generate(&self, requests: &[PolicyRequest]) -> Result<Vec<PolicyOutput>, AgentError> {
+        Ok(requests
+            .iter()
+            .map(|r| PolicyOutput {
+                text: (self.script)(r),
+                prompt_ids: Vec::new(),
+                completion_ids: Vec::new(),
+                logprobs: Vec::new(),
+                truncated: false,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,245 @@
+//! Declarative workflows (`experiments/workflows/*.toml`): the agents, their
+//! order, prompts, tools, action limits, stop conditions, what each sees and
+//! which files each must produce. The agents and their order are data.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use minijinja::{Environment, UndefinedBehavior};
+use serde::{Deserialize, Serialize};
+
+use crate::AgentError;
+
+/// A tool an agent may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tool {
+    /// No tool: every action is plain text.
+    None,
+    /// Fenced ```python blocks in an action run in the sandbox; the output
+    /// comes back as a tool turn.
+    Python,
+}
+
+/// One agent of a workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSpec {
+    /// The role id; it also selects the coach's rubric.
+    pub role: String,
+    /// A readable name.
+    pub title: String,
+    /// The system message (role text).
+    pub system: String,
+    /// minijinja template of the first user message. Variables: `task`,
+    /// `files` (the agent's directory listing), and for every role in `sees`
+    /// `<role>.output` (its last message), `<role>.outputs` (all of them) and
+    /// `<role>.tool_output` (its last tool output, or "N/A").
+    pub prompt: String,
+    /// Upstream roles whose outputs this agent sees.
+    #[serde(default)]
+    pub sees: Vec<String>,
+    /// Its tool.
+    pub tool: Tool,
+    /// Most actions (model calls) in one trajectory.
+    pub max_actions: usize,
+    /// With the Python tool: an action without code ends the agent's turn.
+    #[serde(default)]
+    pub stop_when_no_code: bool,
+    /// End the turn once every required file exists.
+    #[serde(default)]
+    pub stop_when_files_exist: bool,
+    /// Files this agent must produce (the coach's blame chain).
+    #[serde(default)]
+    pub required_files: Vec<String>,
+    /// Glob patterns of the files passed on to the next agent.
+    #[serde(default)]
+    pub pass_files: Vec<String>,
+}
+
+/// A workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workflow {
+    /// Its name.
+    pub name: String,
+    /// What it is for.
+    pub description: String,
+    /// The coach rubric set: `mathchat` or `dsbench`.
+    pub coach_domain: String,
+    /// Appended to the task text agents see (after a blank line).
+    #[serde(default)]
+    pub task_suffix: Option<String>,
+    /// The role whose last output holds the final answer.
+    pub final_answer_from: String,
+    /// The agents, in order.
+    pub agents: Vec<AgentSpec>,
+}
+
+impl Workflow {
+    /// Read and validate a workflow file.
+    pub fn load(path: &Path) -> Result<Self, AgentError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| AgentError::Workflow(format!("{}: {e}", path.display())))?;
+        let workflow: Self = toml::from_str(&text)
+            .map_err(|e| AgentError::Workflow(format!("{}: {e}", path.display())))?;
+        workflow
+            .validate()
+            .map_err(|e| AgentError::Workflow(format!("{}: {e}", path.display())))?;
+        Ok(workflow)
+    }
+
+    /// Check names, references and templates; the error names the agent and field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.agents.is_empty() {
+            return Err("agents: expected at least one agent".into());
+        }
+        if !["mathchat", "dsbench"].contains(&self.coach_domain.as_str()) {
+            return Err(format!(
+                "coach_domain = {:?}: expected \"mathchat\" or \"dsbench\"",
+                self.coach_domain
+            ));
+        }
+        let mut seen = Vec::new();
+        for (i, agent) in self.agents.iter().enumerate() {
+            let at = format!("agents[{i}] ({})", agent.role);
+            if agent.role.is_empty()
+                || agent.role.contains(['/', ' '])
+                || seen.contains(&agent.role.as_str())
+            {
+                return Err(format!(
+                    "{at}.role: expected a unique id without spaces or slashes"
+                ));
+            }
+            if agent.max_actions == 0 {
+                return Err(format!("{at}.max_actions: expected at least 1"));
+            }
+            if agent.tool == Tool::None && (agent.stop_when_no_code || agent.stop_when_files_exist)
+            {
+                return Err(format!(
+                    "{at}: stop conditions on code or files need tool = \"python\""
+                ));
+            }
+            for upstream in &agent.sees {
+                if !seen.contains(&upstream.as_str()) {
+                    return Err(format!("{at}.sees: {upstream:?} is not an earlier agent"));
+                }
+            }
+            mappa_env::sandbox::workspace::FilePatterns::new(&agent.pass_files)
+                .map_err(|e| format!("{at}.pass_files: {e}"))?;
+            render_prompt(agent, "TASK", &[], &BTreeMap::new())
+                .map_err(|e| format!("{at}.prompt: {e}"))?;
+            seen.push(&agent.role);
+        }
+        if !seen.contains(&self.final_answer_from.as_str()) {
+            return Err(format!(
+                "final_answer_from = {:?}: expected one of the agents' roles",
+                self.final_answer_from
+            ));
+        }
+        Ok(())
+    }
+
+    /// The task text agents see: the task and the suffix.
+    pub fn task_text(&self, task: &str) -> String {
+        match &self.task_suffix {
+            Some(suffix) => format!("{task}\n\n{suffix}"),
+            None => task.to_string(),
+        }
+    }
+}
+
+/// What an upstream agent did, as a prompt sees it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Upstream {
+    /// Its last message.
+    pub output: String,
+    /// All its messages.
+    pub outputs: Vec<String>,
+    /// Its last tool output, or "N/A".
+    pub tool_output: String,
+}
+
+/// Render an agent's first user message. Only the roles in `sees` are
+/// visible; a template naming another is an error.
+pub fn render_prompt(
+    agent: &AgentSpec,
+    task: &str,
+    files: &[String],
+    upstream: &BTreeMap<String, Upstream>,
+) -> Result<String, String> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.add_template("prompt", &agent.prompt)
+        .map_err(|e| format!("{e:#}"))?;
+    let mut ctx = BTreeMap::new();
+    ctx.insert("task".to_string(), minijinja::Value::from(task));
+    ctx.insert(
+        "files".to_string(),
+        minijinja::Value::from(minijinja::value::Serde(files)),
+    );
+    for role in &agent.sees {
+        let value = upstream.get(role).cloned().unwrap_or_else(|| Upstream {
+            output: String::new(),
+            outputs: Vec::new(),
+            tool_output: "N/A".into(),
+        });
+        ctx.insert(
+            role.clone(),
+            minijinja::Value::from(minijinja::value::Serde(&value)),
+        );
+    }
+    env.get_template("prompt")
+        .and_then(|t| t.render(minijinja::Value::from(minijinja::value::Serde(&ctx))))
+        .map_err(|e| format!("{e:#}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workflows_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/workflows")
+    }
+
+    #[test]
+    fn the_shipped_workflows_load() {
+        for name in ["mathchat", "arith", "dsbench"] {
+            let w = Workflow::load(&workflows_dir().join(format!("{name}.toml"))).unwrap();
+            assert_eq!(w.name, name);
+            assert_eq!(w.agents.len(), 3);
+        }
+    }
+
+    #[test]
+    fn an_agent_cannot_see_what_it_does_not_name() {
+        let mut w = Workflow::load(&workflows_dir().join("mathchat.toml")).unwrap();
+        // The Verifier sees only the Code Executor; a template naming the Solver fails.
+        w.agents[2].prompt = "{{ problem_solver.output }}".into();
+        let err = w.validate().unwrap_err();
+        assert!(err.contains("agents[2] (verifier).prompt"), "{err}");
+        w.agents[2].prompt = "{{ task }}".into();
+        w.agents[2].sees = vec!["analyst".into()];
+        assert!(w.validate().unwrap_err().contains("not an earlier agent"));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.toml");
+        let text = std::fs::read_to_string(workflows_dir().join("mathchat.toml")).unwrap();
+        std::fs::write(
+            &path,
+            text.replace(
+                "max_actions = 1\nsees = []",
+                "max_actions = 1\nsees = []\nmax_tokens = 3",
+            ),
+        )
+        .unwrap();
+        let err = Workflow::load(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("max_tokens") && err.contains("w.toml"),
+            "{err}"
+        );
+    }
+}
