@@ -19,6 +19,10 @@ lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# Run experiments/NAME.toml after checking everything it needs (`just reproduce aime --dry-run` prints the plan).
+reproduce NAME *ARGS:
+    cargo run --release --locked -p mappa-cli -- reproduce {{NAME}} {{ARGS}}
+
 # criterion benches (release build): forward, training step and KV-cache generation, ~1M and ~26M params.
 bench *ARGS:
     cargo bench -p mappa-benches --bench model --locked -- {{ARGS}}

@@ -78,18 +78,22 @@ impl CoachConfig {
             .map_err(|e| CoachError::Config(format!("{}: {e}", path.display())))?;
         let mut config: Self = toml::from_str(&text)
             .map_err(|e| CoachError::Config(format!("{}: {e}", path.display())))?;
-        let base = path.parent().unwrap_or(Path::new("."));
+        config.rebase(path.parent().unwrap_or(Path::new(".")));
+        Ok(config)
+    }
+
+    /// Make relative paths (rubrics, cache, local checkpoint) relative to `base`.
+    pub fn rebase(&mut self, base: &Path) {
         let rebase = |p: &mut PathBuf| {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
         };
-        config.rubric_dir.as_mut().map(rebase);
-        config.cache.as_mut().map(rebase);
-        if let Some(local) = config.local.as_mut() {
+        self.rubric_dir.as_mut().map(rebase);
+        self.cache.as_mut().map(rebase);
+        if let Some(local) = self.local.as_mut() {
             rebase(&mut local.checkpoint);
         }
-        Ok(config)
     }
 
     /// Build the coach this configuration describes.

@@ -10,6 +10,9 @@
 //! - [`policy`]: the burn model as a `mappa_agents::Policy`.
 //! - [`step`]: from scored trajectories to per-agent samples through
 //!   `mappa-credit` (strategy, KL shaping, returns, normalisation scope).
+//! - [`manifest`]: experiment manifests, their resolution and lock file.
+//! - [`run`]: the training loop of a manifest, with evaluation, metrics,
+//!   checkpoints and exact resume.
 //! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
 //!   schedule position, RNG streams and counters, with a sha256 index; a
 //!   resumed run is bit-identical on the CPU backend.
@@ -21,8 +24,10 @@ pub mod checkpoint;
 pub mod config;
 pub mod learner;
 pub mod loss;
+pub mod manifest;
 pub mod params;
 pub mod policy;
+pub mod run;
 pub mod schedule;
 pub mod step;
 

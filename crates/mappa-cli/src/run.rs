@@ -1,0 +1,340 @@
+//! `mappa run MANIFEST`: resolve the manifest into a run directory with
+//! `manifest.lock.json` (whose sha256 is the run id), then train, evaluate
+//! and checkpoint there; `--resume RUN_DIR` continues a stopped run.
+//! `mappa reproduce NAME`: the same for `experiments/NAME.toml`, after
+//! checking that everything the run needs is present; `--dry-run` prints
+//! the plan.
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Autodiff;
+use clap::Args;
+use mappa_judge::cache::CacheMode;
+use mappa_train::manifest::{lock, run_id, BackendKind, DataSpec, Manifest};
+use mappa_train::run::{load_tasks, run, RunOptions};
+use serde_json::Value;
+
+/// Arguments of `mappa run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The experiment manifest (TOML).
+    manifest: PathBuf,
+    /// Continue the run in this directory from its last checkpoint.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Stop after this many training steps in total (the run can be resumed).
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// Where new run directories go.
+    #[arg(long, default_value = "runs")]
+    runs_dir: PathBuf,
+    /// Override the coach cache mode: `off`, `read-write` or `replay` (hits only).
+    #[arg(long, value_parser = parse_mode)]
+    coach: Option<CacheMode>,
+}
+
+fn parse_mode(s: &str) -> Result<CacheMode, String> {
+    match s {
+        "off" => Ok(CacheMode::Off),
+        "read-write" => Ok(CacheMode::ReadWrite),
+        "replay" => Ok(CacheMode::Replay),
+        other => Err(format!("{other:?}: expected off, read-write or replay")),
+    }
+}
+
+/// Arguments of `mappa reproduce`.
+#[derive(Args, Debug)]
+pub struct ReproduceArgs {
+    /// The experiment: `experiments/NAME.toml`.
+    name: String,
+    /// Validate everything and print the plan, without running.
+    #[arg(long)]
+    dry_run: bool,
+    /// Where new run directories go.
+    #[arg(long, default_value = "runs")]
+    runs_dir: PathBuf,
+}
+
+/// The repository root: the nearest ancestor of the current directory with `experiments/`.
+fn repo_root() -> PathBuf {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    cwd.ancestors()
+        .find(|d| d.join("experiments").is_dir())
+        .map(Path::to_path_buf)
+        .unwrap_or(cwd)
+}
+
+/// Which backends this binary was built with.
+fn backend_available(kind: BackendKind) -> bool {
+    match kind {
+        BackendKind::Cpu => true,
+        BackendKind::Wgpu => cfg!(feature = "wgpu"),
+        BackendKind::Cuda => cfg!(feature = "cuda"),
+    }
+}
+
+fn feature_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Cpu => "cpu",
+        BackendKind::Wgpu => "wgpu",
+        BackendKind::Cuda => "cuda",
+    }
+}
+
+/// Runs `mappa run`.
+pub fn run_manifest(args: &RunArgs) -> Result<(), String> {
+    let manifest = Manifest::load(&args.manifest).map_err(|e| e.to_string())?;
+    let run_dir = prepare(&manifest, args.resume.as_deref(), &args.runs_dir)?;
+    let options = RunOptions {
+        max_steps: args.max_steps,
+        resume: args.resume.is_some(),
+        coach_mode: args.coach,
+        progress: true,
+    };
+    execute(&manifest, &run_dir, &options)
+}
+
+/// Resolve, lock, and choose the run directory.
+fn prepare(manifest: &Manifest, resume: Option<&Path>, runs_dir: &Path) -> Result<PathBuf, String> {
+    let resolved = manifest.resolve().map_err(|e| e.to_string())?;
+    let lock = lock(manifest, resolved, &repo_root());
+    if let Some(dir) = resume {
+        let old: Value = std::fs::read_to_string(dir.join("manifest.lock.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .ok_or_else(|| {
+                format!(
+                    "{}: no readable manifest.lock.json: is it a run directory?",
+                    dir.display()
+                )
+            })?;
+        if old["manifest"] != lock["manifest"] || old["resolved"] != lock["resolved"] {
+            return Err(format!(
+                "{}: the manifest or its files changed since the run started; start a new run instead",
+                dir.display()
+            ));
+        }
+        return Ok(dir.to_path_buf());
+    }
+    let id = run_id(&lock);
+    let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let text = serde_json::to_string_pretty(&lock).map_err(|e| e.to_string())?;
+    mappa_core::fs::write_atomic(&dir.join("manifest.lock.json"), text.as_bytes())
+        .map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> Result<(), String> {
+    if manifest.backend != BackendKind::Cpu {
+        return Err(format!(
+            "backend {} is not yet wired into `mappa run` (this build runs on the CPU backend); \
+             set backend = \"cpu\" in the manifest",
+            feature_name(manifest.backend)
+        ));
+    }
+    eprintln!("run directory: {}", run_dir.display());
+    type B = Autodiff<mappa_model::backend::Cpu>;
+    let last =
+        run::<B>(manifest, run_dir, options, &Default::default()).map_err(|e| e.to_string())?;
+    match last["kind"].as_str() {
+        Some("eval") => eprintln!(
+            "final held-out accuracy: {:.3}",
+            last["accuracy"].as_f64().unwrap_or(0.0)
+        ),
+        _ => eprintln!(
+            "stopped after step {}; continue with --resume {}",
+            last["step"],
+            run_dir.display()
+        ),
+    }
+    Ok(())
+}
+
+/// What a run would do, in numbers.
+fn plan(manifest: &Manifest) -> Result<Vec<(String, String)>, String> {
+    let workflow = mappa_agents::Workflow::load(&manifest.workflow).map_err(|e| e.to_string())?;
+    let (train, eval) = load_tasks(manifest).map_err(|e| e.to_string())?;
+    let r = &manifest.rollout;
+    let trajectories = r.steps * r.prompts_per_step * r.samples_per_prompt;
+    let max_actions: usize = workflow.agents.iter().map(|a| a.max_actions).sum();
+    // Before step 0, at every `every`-th step, and after the last.
+    let evaluations = match manifest.eval.every {
+        0 => 2,
+        every => r.steps.div_ceil(every) + 1,
+    };
+    let eval_trajectories = evaluations * eval.len() * manifest.eval.samples;
+    let coach_calls = trajectories * max_actions;
+    let mut rows = vec![
+        (
+            "workflow".into(),
+            format!(
+                "{} ({} agents: {})",
+                workflow.name,
+                workflow.agents.len(),
+                workflow
+                    .agents
+                    .iter()
+                    .map(|a| a.role.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            ),
+        ),
+        (
+            "training tasks".into(),
+            format!("{} ({} held out)", train.len(), eval.len()),
+        ),
+        (
+            "steps".into(),
+            format!(
+                "{} ({} prompts x {} samples each)",
+                r.steps, r.prompts_per_step, r.samples_per_prompt
+            ),
+        ),
+        ("training trajectories".into(), trajectories.to_string()),
+        (
+            "actions".into(),
+            format!(
+                "at most {} ({} per trajectory)",
+                trajectories * max_actions,
+                max_actions
+            ),
+        ),
+        (
+            "generated tokens".into(),
+            format!(
+                "at most {} ({} per action)",
+                (trajectories + eval_trajectories) * max_actions * r.max_new_tokens,
+                r.max_new_tokens
+            ),
+        ),
+        (
+            "evaluations".into(),
+            format!(
+                "{evaluations} x {} tasks x {} samples = {eval_trajectories} trajectories",
+                eval.len(),
+                manifest.eval.samples
+            ),
+        ),
+        (
+            "coach calls".into(),
+            format!("at most {coach_calls} (plus one re-prompt per malformed reply)"),
+        ),
+    ];
+    if let Some(openai) = &manifest.coach.openai {
+        // A coach prompt carries the task, the agent's input and output: about 3 actions' worth of tokens.
+        let prompt_tokens = (coach_calls * (r.max_new_tokens * 2 + 1000)) as f64;
+        let completion_tokens = (coach_calls * 300) as f64;
+        let cost = (prompt_tokens * openai.usd_per_million_prompt_tokens
+            + completion_tokens * openai.usd_per_million_completion_tokens)
+            / 1e6;
+        rows.push(("estimated coach cost".into(), format!("up to {cost:.0} USD ({} at the configured prices; the paper reports 50-150 USD per run)", openai.model)));
+    }
+    Ok(rows)
+}
+
+/// Everything the run needs that is not here: (what, how to supply it).
+fn missing(manifest: &Manifest) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if !backend_available(manifest.backend) {
+        out.push((
+            format!("the {} backend (this binary was built without it)", feature_name(manifest.backend)),
+            format!("build with `cargo build --release -p mappa-cli --features {}` on a machine with the GPU", feature_name(manifest.backend)),
+        ));
+    } else if manifest.backend != BackendKind::Cpu {
+        out.push((
+            format!(
+                "the {} backend in `mappa run`",
+                feature_name(manifest.backend)
+            ),
+            "not wired yet: GPU training runs arrive with a later issue".into(),
+        ));
+    }
+    let mut roles_by_path: std::collections::BTreeMap<&Path, Vec<&str>> =
+        std::collections::BTreeMap::new();
+    for (role, model) in &manifest.models {
+        if !model.path.exists() {
+            roles_by_path.entry(&model.path).or_default().push(role);
+        }
+    }
+    for (path, roles) in roles_by_path {
+        out.push((
+            format!("model weights for {} at {}", roles.join(", "), path.display()),
+            "download them there (see the comment in the manifest), or point [models] at a local HF checkpoint".into(),
+        ));
+    }
+    if let DataSpec::MathFile { path, .. } = &manifest.data {
+        if !path.exists() {
+            out.push((
+                format!("the training data {}", path.display()),
+                "restore fixtures/bench/".into(),
+            ));
+        }
+    }
+    if let Some(var) = manifest
+        .coach
+        .openai
+        .as_ref()
+        .and_then(|o| o.api_key_env.as_ref())
+    {
+        if std::env::var(var).map_or(true, |v| v.is_empty()) {
+            out.push((
+                format!("the coach's API key (${var})"),
+                format!(
+                    "export {var}=... (the key is read from the environment and never written)"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// Runs `mappa reproduce`.
+pub fn reproduce(args: &ReproduceArgs) -> Result<(), String> {
+    let path = repo_root()
+        .join("experiments")
+        .join(format!("{}.toml", args.name));
+    if !path.exists() {
+        return Err(format!(
+            "{}: no such experiment (see experiments/*.toml)",
+            path.display()
+        ));
+    }
+    let manifest = Manifest::load(&path).map_err(|e| e.to_string())?;
+    let missing = missing(&manifest);
+    if args.dry_run {
+        println!("plan for {} ({}):", manifest.name, path.display());
+        for (what, value) in plan(&manifest)? {
+            println!("  {what:<22} {value}");
+        }
+        if missing.is_empty() {
+            println!("everything the run needs is present.");
+        } else {
+            println!("missing before it can run:");
+            for (what, how) in &missing {
+                println!("  - {what}: {how}");
+            }
+        }
+        return Ok(());
+    }
+    if !missing.is_empty() {
+        let mut message = format!(
+            "{} cannot start; nothing was run. Missing:\n",
+            manifest.name
+        );
+        for (what, how) in &missing {
+            message.push_str(&format!("  - {what}: {how}\n"));
+        }
+        message.push_str("On a machine without these, run the CPU-scale experiment instead: `just reproduce arith`.");
+        return Err(message);
+    }
+    let run_dir = prepare(&manifest, None, &args.runs_dir)?;
+    execute(
+        &manifest,
+        &run_dir,
+        &RunOptions {
+            progress: true,
+            ..Default::default()
+        },
+    )
+}

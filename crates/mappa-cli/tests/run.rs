@@ -1,0 +1,215 @@
+//! `mappa run` on the tiny end-to-end manifest: a run killed with SIGKILL
+//! mid-way and resumed ends with the same weights and metrics as one never
+//! stopped; `mappa reproduce aime` says what it needs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn mappa() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mappa"));
+    cmd.current_dir(workspace());
+    cmd
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn manifest() -> PathBuf {
+    workspace().join("fixtures/manifests/tiny-arith.toml")
+}
+
+/// The single run directory under `runs`.
+fn run_dir(runs: &Path) -> PathBuf {
+    let dirs: Vec<_> = std::fs::read_dir(runs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+fn scratch() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    dir
+}
+
+fn weights(run: &Path) -> Vec<(String, Vec<u8>)> {
+    ["problem_solver", "code_executor", "verifier"]
+        .iter()
+        .map(|r| {
+            (
+                r.to_string(),
+                std::fs::read(
+                    run.join("checkpoints/latest/agents")
+                        .join(r)
+                        .join("model.safetensors"),
+                )
+                .unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn checkpoint_step(run: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(run.join("checkpoints/latest/state.json")).ok()?;
+    serde_json::from_str::<serde_json::Value>(&text).ok()?["step"].as_u64()
+}
+
+#[test]
+fn a_run_killed_mid_way_resumes_to_identical_weights() {
+    let straight = scratch();
+    let out = mappa()
+        .arg("run")
+        .arg(manifest())
+        .arg("--runs-dir")
+        .arg(straight.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let straight_run = run_dir(straight.path());
+    assert!(straight_run.join("manifest.lock.json").exists());
+    assert_eq!(checkpoint_step(&straight_run), Some(3));
+
+    let killed = scratch();
+    let mut child = mappa()
+        .arg("run")
+        .arg(manifest())
+        .arg("--runs-dir")
+        .arg(killed.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run = loop {
+        if let Ok(mut entries) = std::fs::read_dir(killed.path()) {
+            if let Some(Ok(entry)) = entries.next() {
+                if checkpoint_step(&entry.path()).is_some_and(|s| s >= 1) {
+                    break entry.path();
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    let at_kill = checkpoint_step(&run).unwrap();
+    assert!(
+        at_kill < 3,
+        "the run finished before it was killed (checkpoint at step {at_kill})"
+    );
+    let out = mappa()
+        .arg("run")
+        .arg(manifest())
+        .arg("--resume")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(checkpoint_step(&run), Some(3));
+    assert!(
+        weights(&straight_run) == weights(&run),
+        "weights differ after kill -9 and resume"
+    );
+    let metrics = |dir: &Path| std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics(&straight_run), metrics(&run));
+}
+
+#[test]
+fn reproduce_aime_plans_and_names_what_is_missing() {
+    let out = mappa()
+        .args(["reproduce", "aime", "--dry-run"])
+        .env_remove("GEMINI_API_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plan = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "training tasks",
+        "512 (62 held out)",
+        "128 (32 prompts x 2 samples each)",
+        "coach calls",
+        "estimated coach cost",
+        "GEMINI_API_KEY",
+        "Qwen3-4B-Thinking-2507",
+    ] {
+        assert!(plan.contains(needle), "missing {needle:?} in:\n{plan}");
+    }
+    let out = mappa()
+        .args(["reproduce", "aime"])
+        .env_remove("GEMINI_API_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "nothing was run",
+        "cuda",
+        "model weights",
+        "GEMINI_API_KEY",
+        "just reproduce arith",
+    ] {
+        assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn manifest_errors_name_the_key_or_file() {
+    let dir = scratch();
+    let text = std::fs::read_to_string(manifest()).unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        text.replace("seed = 11", "seed = 11\nsneed = 3")
+            .replace(
+                "../../experiments",
+                &workspace().join("experiments").display().to_string(),
+            )
+            .replace(
+                "../models",
+                &workspace().join("fixtures/models").display().to_string(),
+            ),
+    )
+    .unwrap();
+    let out = mappa().arg("run").arg(&bad).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("sneed") && stderr.contains("bad.toml"),
+        "{stderr}"
+    );
+    let missing = dir.path().join("missing.toml");
+    std::fs::write(
+        &missing,
+        text.replace("../models/qwen3-tiny", "../models/nope")
+            .replace(
+                "../../experiments",
+                &workspace().join("experiments").display().to_string(),
+            ),
+    )
+    .unwrap();
+    let out = mappa().arg("run").arg(&missing).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("nope") && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,403 @@
+//! Experiment manifests (`experiments/*.toml`): everything a run depends on,
+//! and their resolution into `manifest.lock.json`, whose sha256 is the run id.
+//!
+//! ```toml
+//! name = "arith-process"
+//! workflow = "workflows/arith.toml"     # paths are relative to the manifest
+//! backend = "cpu"                       # cpu | wgpu | cuda
+//! seed = 42                             # master seed of every named RNG stream
+//!
+//! [data]                                # kind = "generated_math" or "math_file"
+//! kind = "generated_math"
+//! train = 64
+//! eval = 32
+//! seed = 7
+//!
+//! [models]                              # one base model per role
+//! problem_solver = { path = "../fixtures/models/qwen3-tiny" }
+//!
+//! [rollout]
+//! steps = 4
+//! prompts_per_step = 4
+//! samples_per_prompt = 2
+//! max_new_tokens = 64
+//! temperature = 1.0
+//!
+//! [eval]
+//! every = 2
+//! samples = 1
+//! temperature = 0.6
+//!
+//! [coach]    # mappa_judge::config::CoachConfig
+//! [credit]   # mappa_credit::CreditConfig
+//! [train]    # mappa_train::TrainConfig
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use mappa_core::hash::{sha256_file, sha256_hex};
+use mappa_credit::CreditConfig;
+use mappa_judge::config::CoachConfig;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::{TrainConfig, TrainError};
+
+/// The compute backend of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// The pure-Rust CPU backend (tests, CI, laptops).
+    #[default]
+    Cpu,
+    /// wgpu (Vulkan, Metal, DX12): the fallback GPU backend.
+    Wgpu,
+    /// CUDA: the primary GPU backend.
+    Cuda,
+}
+
+/// Where tasks come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DataSpec {
+    /// Generated AIME-format problems (`mappa_env::math_tasks`), train and
+    /// eval drawn from separate seeds and checked disjoint.
+    GeneratedMath {
+        /// Training problems.
+        train: usize,
+        /// Held-out problems.
+        eval: usize,
+        /// Generator seed (the eval set uses a seed derived from it).
+        seed: u64,
+    },
+    /// An AIME/AMC file: a seeded sample for training, other files for eval.
+    MathFile {
+        /// The training file.
+        path: PathBuf,
+        /// Its expected sha256.
+        #[serde(default)]
+        sha256: Option<String>,
+        /// Problems sampled for training (all when absent).
+        #[serde(default)]
+        train_size: Option<usize>,
+        /// Sampling seed.
+        seed: u64,
+        /// Evaluation files, checked disjoint from the training sample.
+        #[serde(default)]
+        eval: Vec<FileRef>,
+    },
+}
+
+/// A file with its expected hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRef {
+    /// The path.
+    pub path: PathBuf,
+    /// Its expected sha256.
+    #[serde(default)]
+    pub sha256: Option<String>,
+}
+
+/// A base model: a HF checkpoint directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// The checkpoint directory (config.json, safetensors, tokenizer files), or a hub name for plans.
+    pub path: PathBuf,
+    /// Expected sha256 over its safetensors files (see [`weights_sha256`]).
+    #[serde(default)]
+    pub sha256: Option<String>,
+}
+
+/// Rollout settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSpec {
+    /// Training steps (one rollout and one optimiser step per agent each).
+    pub steps: usize,
+    /// Tasks per step.
+    pub prompts_per_step: usize,
+    /// Trajectories per task.
+    pub samples_per_prompt: usize,
+    /// Most new tokens per action.
+    pub max_new_tokens: usize,
+    /// Sampling temperature.
+    #[serde(default = "one")]
+    pub temperature: f64,
+    /// Nucleus sampling (1: off).
+    #[serde(default = "one")]
+    pub top_p: f64,
+    /// Save a checkpoint every this many steps (and at the end).
+    #[serde(default = "one_usize")]
+    pub checkpoint_every: usize,
+    /// Mask actions cut off at `max_new_tokens` out of the loss (the paper: true).
+    #[serde(default = "yes")]
+    pub mask_truncated: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn one_usize() -> usize {
+    1
+}
+
+/// Evaluation protocol.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalSpec {
+    /// Evaluate before training and every this many steps (0: only at the start and end).
+    #[serde(default)]
+    pub every: usize,
+    /// Samples per held-out task (accuracy is their mean).
+    #[serde(default = "one_usize")]
+    pub samples: usize,
+    /// Sampling temperature of evaluation (the paper: 0.6).
+    #[serde(default = "eval_temperature")]
+    pub temperature: f64,
+}
+
+fn eval_temperature() -> f64 {
+    0.6
+}
+
+impl Default for EvalSpec {
+    fn default() -> Self {
+        Self {
+            every: 0,
+            samples: 1,
+            temperature: eval_temperature(),
+        }
+    }
+}
+
+/// A whole experiment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Run name.
+    pub name: String,
+    /// What the run is for.
+    #[serde(default)]
+    pub description: String,
+    /// The workflow file.
+    pub workflow: PathBuf,
+    /// The compute backend.
+    #[serde(default)]
+    pub backend: BackendKind,
+    /// Master seed of every named RNG stream.
+    pub seed: u64,
+    /// Tasks.
+    pub data: DataSpec,
+    /// Base model per role.
+    pub models: BTreeMap<String, ModelSpec>,
+    /// Rollouts.
+    pub rollout: RolloutSpec,
+    /// Evaluation.
+    #[serde(default)]
+    pub eval: EvalSpec,
+    /// The coach.
+    pub coach: CoachConfig,
+    /// Credit assignment.
+    #[serde(default)]
+    pub credit: CreditConfig,
+    /// Learner hyper-parameters (`total_steps` is set from `rollout.steps`).
+    #[serde(default)]
+    pub train: TrainConfig,
+}
+
+/// `a/b/../c` -> `a/c`, without touching the file system.
+fn tidy(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir
+                if matches!(
+                    out.components().next_back(),
+                    Some(std::path::Component::Normal(_))
+                ) =>
+            {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+fn manifest_err(path: &Path, message: impl std::fmt::Display) -> TrainError {
+    TrainError::Config(format!("{}: {message}", path.display()))
+}
+
+/// sha256 over a checkpoint's safetensors files (their digests, in name order).
+pub fn weights_sha256(dir: &Path) -> Result<String, TrainError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| manifest_err(dir, e))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(manifest_err(dir, "no .safetensors files"));
+    }
+    let mut digests = String::new();
+    for f in &files {
+        digests.push_str(&sha256_file(f).map_err(|e| manifest_err(f, e))?);
+    }
+    Ok(sha256_hex(digests.as_bytes()))
+}
+
+impl Manifest {
+    /// Read a manifest; relative paths become relative to its directory.
+    /// Unknown keys are errors that name them.
+    pub fn load(path: &Path) -> Result<Self, TrainError> {
+        let text = std::fs::read_to_string(path).map_err(|e| manifest_err(path, e))?;
+        let mut manifest: Self = toml::from_str(&text).map_err(|e| manifest_err(path, e))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let rebase = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = tidy(&base.join(&*p));
+            }
+        };
+        rebase(&mut manifest.workflow);
+        if let DataSpec::MathFile { path, eval, .. } = &mut manifest.data {
+            rebase(path);
+            eval.iter_mut().for_each(|f| rebase(&mut f.path));
+        }
+        manifest
+            .models
+            .values_mut()
+            .for_each(|m| rebase(&mut m.path));
+        manifest.coach.rebase(base);
+        manifest.train.total_steps = manifest.rollout.steps.max(1);
+        manifest.validate().map_err(|e| manifest_err(path, e))?;
+        Ok(manifest)
+    }
+
+    /// Check ranges and cross-references; errors name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let r = &self.rollout;
+        for (value, key) in [
+            (r.steps, "rollout.steps"),
+            (r.prompts_per_step, "rollout.prompts_per_step"),
+            (r.samples_per_prompt, "rollout.samples_per_prompt"),
+            (r.max_new_tokens, "rollout.max_new_tokens"),
+            (r.checkpoint_every, "rollout.checkpoint_every"),
+            (self.eval.samples, "eval.samples"),
+        ] {
+            if value == 0 {
+                return Err(format!("{key}: expected at least 1"));
+            }
+        }
+        if !(r.temperature > 0.0 && r.top_p > 0.0 && r.top_p <= 1.0) {
+            return Err("rollout.temperature > 0 and rollout.top_p in (0, 1] expected".into());
+        }
+        self.train.validate().map_err(|e| format!("train.{e}"))?;
+        self.credit.validate().map_err(|e| format!("credit: {e}"))?;
+        Ok(())
+    }
+
+    /// Check every file the run depends on and its hash, and collect the
+    /// resolved hashes. Missing files and mismatches are errors naming them.
+    pub fn resolve(&self) -> Result<Value, TrainError> {
+        let check =
+            |path: &Path, expected: &Option<String>, what: &str| -> Result<String, TrainError> {
+                if !path.exists() {
+                    return Err(manifest_err(path, format!("{what} does not exist")));
+                }
+                let found = if path.is_dir() {
+                    weights_sha256(path)?
+                } else {
+                    sha256_file(path).map_err(|e| manifest_err(path, e))?
+                };
+                match expected {
+                    Some(e) if e != &found => Err(manifest_err(
+                        path,
+                        format!("{what} has sha256 {found}, the manifest expects {e}"),
+                    )),
+                    _ => Ok(found),
+                }
+            };
+        let workflow = check(&self.workflow, &None, "the workflow")?;
+        let mut models = serde_json::Map::new();
+        for (role, model) in &self.models {
+            models.insert(
+                role.clone(),
+                json!(check(
+                    &model.path,
+                    &model.sha256,
+                    &format!("the model of {role}")
+                )?),
+            );
+        }
+        let data = match &self.data {
+            DataSpec::GeneratedMath { .. } => json!("generated"),
+            DataSpec::MathFile {
+                path, sha256, eval, ..
+            } => {
+                let mut files = serde_json::Map::new();
+                files.insert(
+                    "train".into(),
+                    json!(check(path, sha256, "the training data")?),
+                );
+                for f in eval {
+                    files.insert(
+                        f.path.display().to_string(),
+                        json!(check(&f.path, &f.sha256, "an eval set")?),
+                    );
+                }
+                Value::Object(files)
+            }
+        };
+        Ok(json!({ "workflow_sha256": workflow, "models_sha256": models, "data_sha256": data }))
+    }
+}
+
+/// The code version: git commit and whether the tree is dirty (when in a git checkout).
+fn code_version(dir: &Path) -> Value {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "HEAD"]) {
+        Some(commit) => {
+            json!({ "git_commit": commit, "dirty": git(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty()) })
+        }
+        None => json!({ "git_commit": null, "dirty": null }),
+    }
+}
+
+/// The lock file's content: the manifest as resolved, the resolved hashes,
+/// the code version, crate versions and the machine.
+pub fn lock(manifest: &Manifest, resolved: Value, source_dir: &Path) -> Value {
+    json!({
+        "manifest": manifest,
+        "resolved": resolved,
+        "code": code_version(source_dir),
+        "crates": { "mappa": env!("CARGO_PKG_VERSION"), "burn": "0.21.0" },
+        "machine": {
+            "os": std::env::consts::OS,
+            "arch": std::env::consts::ARCH,
+            "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
+    })
+}
+
+/// The run id: the sha256 of the lock's canonical JSON.
+pub fn run_id(lock: &Value) -> String {
+    sha256_hex(lock.to_string().as_bytes())
+}

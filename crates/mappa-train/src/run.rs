@@ -1,0 +1,589 @@
+//! The training loop of a manifest: rollout with each agent's current
+//! weights, coach every action, grade the outcome, assign credit, one
+//! optimiser step per agent; evaluate on held-out tasks; write
+//! `metrics.jsonl` and `trajectories.jsonl`; checkpoint; resume exactly.
+//!
+//! Every random choice derives from the manifest's master seed by name:
+//! the data order of epoch e (`data/epoch-e`), the rollout of step k
+//! (`rollout/step-k`, then per task, sample, agent and turn), evaluation
+//! (`eval/step-k`). A run therefore needs no RNG state beyond its counters,
+//! and a resumed run continues exactly.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use indicatif::{ProgressBar, ProgressStyle};
+use mappa_agents::{Policy, RolloutEngine, TaskInput, Trajectory, Workflow};
+use mappa_core::rng::SeedTree;
+use mappa_env::datasets::{check_disjoint, normalize_problem_text, MathDataset};
+use mappa_env::math_tasks::generate_mix;
+use mappa_env::sandbox::{Sandbox, SandboxConfig};
+use mappa_judge::cache::CacheMode;
+use mappa_judge::{ActionScore, Coach, KnownSolution};
+use mappa_model::weights::load_transformer;
+use mappa_model::{ChatTemplate, GenerationConfig, HfTokenizer, SamplingConfig};
+use serde_json::{json, Value};
+
+use crate::checkpoint::{load_checkpoint, save_checkpoint, TrainerState};
+use crate::manifest::{DataSpec, Manifest};
+use crate::step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
+use crate::{AgentLearner, ModelPolicy, TrainError};
+
+/// How to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Stop after this many steps in total (a partial run that can be resumed).
+    pub max_steps: Option<usize>,
+    /// Continue from the run directory's last checkpoint.
+    pub resume: bool,
+    /// Override the coach's cache mode (e.g. `replay`).
+    pub coach_mode: Option<CacheMode>,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// Where a run writes.
+#[derive(Debug, Clone)]
+pub struct RunDir {
+    /// The run directory.
+    pub root: PathBuf,
+}
+
+impl RunDir {
+    /// `metrics.jsonl`.
+    pub fn metrics(&self) -> PathBuf {
+        self.root.join("metrics.jsonl")
+    }
+    /// `trajectories.jsonl`.
+    pub fn trajectories(&self) -> PathBuf {
+        self.root.join("trajectories.jsonl")
+    }
+    /// The latest checkpoint.
+    pub fn checkpoint(&self) -> PathBuf {
+        self.root.join("checkpoints").join("latest")
+    }
+    /// Scratch space for rollouts.
+    pub fn work(&self) -> PathBuf {
+        self.root.join("work")
+    }
+}
+
+/// The training and held-out tasks of a manifest.
+pub fn load_tasks(manifest: &Manifest) -> Result<(Vec<TaskInput>, Vec<TaskInput>), TrainError> {
+    let data_err = |e: &dyn std::fmt::Display| TrainError::Config(format!("data: {e}"));
+    match &manifest.data {
+        DataSpec::GeneratedMath { train, eval, seed } => {
+            let train_problems = generate_mix(*train, *seed);
+            let seen: HashSet<String> = train_problems
+                .iter()
+                .map(|p| normalize_problem_text(&p.prompt))
+                .collect();
+            let eval_seed = SeedTree::new(*seed).stream("data/eval-seed").next_u64();
+            // Draw extra and drop any that repeat a training problem.
+            let eval_problems: Vec<_> = generate_mix(*eval * 2 + 8, eval_seed)
+                .into_iter()
+                .filter(|p| !seen.contains(&normalize_problem_text(&p.prompt)))
+                .take(*eval)
+                .collect();
+            if eval_problems.len() < *eval {
+                return Err(data_err(&format!(
+                    "only {} held-out problems disjoint from training",
+                    eval_problems.len()
+                )));
+            }
+            let task = |group: usize, p: &mappa_env::math_tasks::GeneratedProblem| TaskInput {
+                id: p.id.clone(),
+                group,
+                text: p.prompt.clone(),
+                ground_truth: Some(p.answer.to_string()),
+                solution: Some(KnownSolution {
+                    task_kind: "math".into(),
+                    answer: Some(p.answer.to_string()),
+                    checkpoints: p.steps.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            Ok((
+                train_problems
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| task(i, p))
+                    .collect(),
+                eval_problems
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| task(i, p))
+                    .collect(),
+            ))
+        }
+        DataSpec::MathFile {
+            path,
+            train_size,
+            seed,
+            eval,
+            ..
+        } => {
+            let dataset = MathDataset::load(path).map_err(|e| data_err(&e))?;
+            let train = dataset
+                .sample(train_size.unwrap_or(dataset.problems.len()), *seed)
+                .map_err(|e| data_err(&e))?;
+            let mut held_out = Vec::new();
+            for f in eval {
+                let set = MathDataset::load(&f.path).map_err(|e| data_err(&e))?;
+                check_disjoint(&train, &set.problems).map_err(|e| data_err(&e))?;
+                held_out.extend(set.problems);
+            }
+            let task = |group: usize, p: &mappa_env::datasets::MathProblem| TaskInput {
+                id: p.id.clone(),
+                group,
+                text: p.prompt.clone(),
+                ground_truth: Some(p.answer.clone()),
+                ..Default::default()
+            };
+            Ok((
+                train.iter().enumerate().map(|(i, p)| task(i, p)).collect(),
+                held_out
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| task(i, p))
+                    .collect(),
+            ))
+        }
+    }
+}
+
+/// The training-set order of epoch `epoch`: a seeded permutation.
+fn epoch_order(seeds: &SeedTree, epoch: u64, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = seeds.stream(&format!("data/epoch-{epoch}"));
+    for i in (1..n).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    order
+}
+
+/// 1 when the final output's boxed answer equals the reference, else 0.
+fn outcome(task: &TaskInput, trajectory: &Trajectory) -> f64 {
+    match (&task.ground_truth, &trajectory.final_output) {
+        (Some(gold), Some(output)) => {
+            mappa_env::math::grade_response(gold, output, false).correct as u8 as f64
+        }
+        _ => 0.0,
+    }
+}
+
+/// Keep only the lines of a JSON-lines file whose `step` is below `step`
+/// (a resumed run rewrites what followed its checkpoint).
+fn truncate_jsonl(path: &Path, step: usize) -> Result<(), TrainError> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let io = |e: std::io::Error| TrainError::Checkpoint {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let text = std::fs::read_to_string(path).map_err(io)?;
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| (s as usize) < step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    mappa_core::fs::write_atomic(path, kept.as_bytes()).map_err(|e| TrainError::Checkpoint {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })
+}
+
+fn append_jsonl(path: &Path, rows: &[Value]) -> Result<(), TrainError> {
+    let io = |e: std::io::Error| TrainError::Checkpoint {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    let mut text = String::new();
+    for row in rows {
+        text.push_str(&row.to_string());
+        text.push('\n');
+    }
+    file.write_all(text.as_bytes()).map_err(io)?;
+    file.sync_data().map_err(io)
+}
+
+/// One agent's model files.
+struct AgentModel {
+    tokenizer: HfTokenizer,
+    template: ChatTemplate,
+}
+
+/// Everything a run holds.
+struct Runner<'a, B: AutodiffBackend> {
+    manifest: &'a Manifest,
+    workflow: Workflow,
+    models: Vec<AgentModel>,
+    learners: Vec<AgentLearner<B>>,
+    coach: Box<dyn Coach>,
+    sandbox: Sandbox,
+    seeds: SeedTree,
+    dir: RunDir,
+}
+
+impl<B: AutodiffBackend> Runner<'_, B>
+where
+    mappa_model::Transformer<B::InnerBackend>: Send,
+{
+    fn generation(&self, temperature: f64) -> GenerationConfig {
+        GenerationConfig {
+            max_new_tokens: self.manifest.rollout.max_new_tokens,
+            sampling: SamplingConfig {
+                top_p: self.manifest.rollout.top_p as f32,
+                ..SamplingConfig::with_temperature(temperature as f32)
+            },
+            eos_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+        }
+    }
+
+    /// Roll out `tasks` with each agent's current weights.
+    fn rollout(
+        &self,
+        tasks: &[TaskInput],
+        samples: usize,
+        temperature: f64,
+        stream: &str,
+    ) -> Result<Vec<Trajectory>, TrainError> {
+        let seeds = SeedTree::new(self.seeds.stream(stream).next_u64());
+        let policies: Vec<ModelPolicy<'_, B::InnerBackend>> = self
+            .learners
+            .iter()
+            .zip(&self.models)
+            .map(|(l, m)| {
+                ModelPolicy::new(
+                    l.name(),
+                    l.policy().valid(),
+                    &m.tokenizer,
+                    &m.template,
+                    self.generation(temperature),
+                    seeds,
+                )
+            })
+            .collect();
+        let work = self.dir.work().join(stream.replace('/', "-"));
+        let engine = RolloutEngine::new(
+            &self.workflow,
+            policies.iter().map(|p| p as &dyn Policy).collect(),
+            &self.sandbox,
+            &work,
+        )
+        .map_err(|e| TrainError::Input(e.to_string()))?;
+        let trajectories = engine
+            .run(tasks, samples)
+            .map_err(|e| TrainError::Input(e.to_string()))?;
+        std::fs::remove_dir_all(&work).map_err(|e| TrainError::Checkpoint {
+            path: work.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(trajectories)
+    }
+
+    fn evaluate(&self, step: usize, eval: &[TaskInput]) -> Result<Value, TrainError> {
+        let e = &self.manifest.eval;
+        let trajectories =
+            self.rollout(eval, e.samples, e.temperature, &format!("eval/step-{step}"))?;
+        let by_id: BTreeMap<&str, &TaskInput> = eval.iter().map(|t| (t.id.as_str(), t)).collect();
+        let correct: f64 = trajectories
+            .iter()
+            .map(|t| outcome(by_id[t.task_id.as_str()], t))
+            .sum();
+        Ok(json!({
+            "step": step,
+            "kind": "eval",
+            "accuracy": correct / trajectories.len().max(1) as f64,
+            "trajectories": trajectories.len(),
+        }))
+    }
+
+    fn train_step(
+        &mut self,
+        step: usize,
+        batch: &[TaskInput],
+    ) -> Result<(Value, Vec<Value>), TrainError> {
+        let r = &self.manifest.rollout;
+        let trajectories = self.rollout(
+            batch,
+            r.samples_per_prompt,
+            r.temperature,
+            &format!("rollout/step-{step}"),
+        )?;
+        let by_id: BTreeMap<&str, &TaskInput> = batch.iter().map(|t| (t.id.as_str(), t)).collect();
+        let mut contexts = Vec::new();
+        for t in &trajectories {
+            contexts.extend(t.coach_contexts(&self.workflow, by_id[t.task_id.as_str()]));
+        }
+        let scores = self
+            .coach
+            .score_batch(&contexts)
+            .map_err(|e| TrainError::Input(format!("coach: {e}")))?;
+        let mut scores_iter = scores.iter();
+        let mut rollout = Vec::new();
+        let mut per_trajectory_scores: Vec<Vec<&ActionScore>> = Vec::new();
+        for t in &trajectories {
+            let mine: Vec<&ActionScore> = scores_iter.by_ref().take(t.actions.len()).collect();
+            rollout.push(RolloutTrajectory {
+                group: t.group,
+                outcome: outcome(by_id[t.task_id.as_str()], t),
+                actions: t
+                    .actions
+                    .iter()
+                    .zip(&mine)
+                    .map(|(a, s)| RolloutAction {
+                        agent: a.agent,
+                        prompt: a.prompt_ids.clone(),
+                        completion: a.completion_ids.clone(),
+                        truncated: a.truncated && self.manifest.rollout.mask_truncated,
+                        score: s.score,
+                    })
+                    .collect(),
+            });
+            per_trajectory_scores.push(mine);
+        }
+        let samples = build_samples(&self.learners, &rollout, &self.manifest.credit)?;
+        // Each action's reward and mean advantage, in trajectory order (samples are per agent, in that order).
+        let mut next = vec![0usize; samples.len()];
+        let credit: Vec<Vec<(f64, f64)>> = rollout
+            .iter()
+            .map(|t| {
+                t.actions
+                    .iter()
+                    .map(|a| {
+                        let s = &samples[a.agent][next[a.agent]];
+                        next[a.agent] += 1;
+                        let valid: Vec<f64> = s
+                            .advantages
+                            .iter()
+                            .zip(&s.mask)
+                            .filter(|(_, m)| **m)
+                            .map(|(x, _)| *x as f64)
+                            .collect();
+                        (
+                            s.reward,
+                            valid.iter().sum::<f64>() / valid.len().max(1) as f64,
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        let loss = loss_config(&self.manifest.train, &self.manifest.credit);
+        let mut agents = Vec::new();
+        for (learner, samples) in self.learners.iter_mut().zip(&samples) {
+            agents.push(
+                serde_json::to_value(learner.train_step(samples, &loss)?)
+                    .expect("metrics serialise"),
+            );
+        }
+        // Per-role coach means and tool use, for reports.
+        let mut role_scores: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+        let (mut executor_actions, mut with_code) = (0usize, 0usize);
+        for (t, scores) in trajectories.iter().zip(&per_trajectory_scores) {
+            for (a, s) in t.actions.iter().zip(scores) {
+                let e = role_scores.entry(a.role.clone()).or_default();
+                e.0 += s.score;
+                e.1 += 1;
+                if self.workflow.agents[a.agent].tool == mappa_agents::Tool::Python {
+                    executor_actions += 1;
+                    with_code += a.code.is_some() as usize;
+                }
+            }
+        }
+        let accuracy = rollout.iter().map(|t| t.outcome).sum::<f64>() / rollout.len().max(1) as f64;
+        let metrics = json!({
+            "step": step,
+            "kind": "train",
+            "train_accuracy": accuracy,
+            "coach_mean_score": role_scores.iter().map(|(k, (s, n))| (k.clone(), json!(s / *n as f64))).collect::<serde_json::Map<_, _>>(),
+            "tool_call_rate": if executor_actions == 0 { Value::Null } else { json!(with_code as f64 / executor_actions as f64) },
+            "agents": agents,
+        });
+        let rows = trajectories
+            .iter()
+            .zip(&rollout)
+            .zip(&per_trajectory_scores)
+            .zip(&credit)
+            .map(|(((t, r), scores), credit)| {
+                json!({
+                    "step": step,
+                    "task_id": t.task_id,
+                    "sample": t.sample,
+                    "outcome": r.outcome,
+                    "actions": t.actions.iter().zip(scores).zip(credit).map(|((a, s), (reward, advantage))| json!({
+                        "role": a.role,
+                        "turn": a.turn,
+                        "text": a.text,
+                        "truncated": a.truncated,
+                        "code": a.code,
+                        "tool_observation": a.tool_observation,
+                        "tool_status": a.tool_status,
+                        "score": s.score,
+                        "rationale": s.rationale,
+                        "coach_fallback": s.fallback,
+                        "reward": reward,
+                        "advantage_mean": advantage,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        Ok((metrics, rows))
+    }
+}
+
+/// Run (or resume) the manifest's training in `run_dir`. Returns the final
+/// evaluation's metrics line.
+pub fn run<B: AutodiffBackend>(
+    manifest: &Manifest,
+    run_dir: &Path,
+    options: &RunOptions,
+    device: &B::Device,
+) -> Result<Value, TrainError>
+where
+    mappa_model::Transformer<B::InnerBackend>: Send,
+{
+    let workflow =
+        Workflow::load(&manifest.workflow).map_err(|e| TrainError::Config(e.to_string()))?;
+    let (train_tasks, eval_tasks) = load_tasks(manifest)?;
+    if train_tasks.is_empty() {
+        return Err(TrainError::Config("data: no training tasks".into()));
+    }
+    let mut models = Vec::new();
+    let mut learners = Vec::new();
+    for agent in &workflow.agents {
+        let spec = manifest.models.get(&agent.role).ok_or_else(|| {
+            TrainError::Config(format!("models: no model for role {:?}", agent.role))
+        })?;
+        let model_err =
+            |e: &dyn std::fmt::Display| TrainError::Model(format!("{}: {e}", spec.path.display()));
+        let tokenizer = HfTokenizer::from_dir(&spec.path).map_err(|e| model_err(&e))?;
+        let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(|e| model_err(&e))?;
+        let policy = load_transformer::<B>(&spec.path, device).map_err(|e| model_err(&e))?;
+        learners.push(AgentLearner::new(
+            &agent.role,
+            policy,
+            manifest.train.clone(),
+        )?);
+        models.push(AgentModel {
+            tokenizer,
+            template,
+        });
+    }
+    let mut coach_config = manifest.coach.clone();
+    if let Some(mode) = options.coach_mode {
+        coach_config.cache_mode = mode;
+    }
+    let coach = coach_config
+        .build()
+        .map_err(|e| TrainError::Config(e.to_string()))?;
+    let sandbox =
+        Sandbox::new(SandboxConfig::discover().map_err(|e| TrainError::Config(e.to_string()))?)
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+    let dir = RunDir {
+        root: run_dir.to_path_buf(),
+    };
+    std::fs::create_dir_all(&dir.root)
+        .map_err(|e| TrainError::Config(format!("{}: {e}", dir.root.display())))?;
+    let mut runner = Runner {
+        manifest,
+        workflow,
+        models,
+        learners,
+        coach,
+        sandbox,
+        seeds: SeedTree::new(manifest.seed),
+        dir,
+    };
+
+    let mut state = TrainerState {
+        extra: json!({ "seed": manifest.seed }),
+        ..Default::default()
+    };
+    if options.resume && runner.dir.checkpoint().exists() {
+        state = load_checkpoint(&runner.dir.checkpoint(), &mut runner.learners)?;
+    } else if !options.resume {
+        for file in [runner.dir.metrics(), runner.dir.trajectories()] {
+            if file.exists() {
+                std::fs::remove_file(&file)
+                    .map_err(|e| TrainError::Config(format!("{}: {e}", file.display())))?;
+            }
+        }
+    }
+    truncate_jsonl(&runner.dir.metrics(), state.step)?;
+    truncate_jsonl(&runner.dir.trajectories(), state.step)?;
+
+    let total = manifest.rollout.steps;
+    let stop = options.max_steps.map_or(total, |m| m.min(total));
+    let eval_due =
+        |step: usize| step == 0 || (manifest.eval.every > 0 && step % manifest.eval.every == 0);
+    let n = train_tasks.len();
+    let per_step = manifest.rollout.prompts_per_step;
+    let bar = if options.progress {
+        ProgressBar::new(stop as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{bar:30}] step {pos}/{len} ({elapsed}, eta {eta}) {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(manifest.name.clone());
+    bar.set_position(state.step as u64);
+    for step in state.step..stop {
+        if eval_due(step) && !eval_tasks.is_empty() {
+            let line = runner.evaluate(step, &eval_tasks)?;
+            bar.set_message(format!(
+                "held-out accuracy {:.3}",
+                line["accuracy"].as_f64().unwrap_or(0.0)
+            ));
+            append_jsonl(&runner.dir.metrics(), &[line])?;
+        }
+        let batch: Vec<TaskInput> = (0..per_step)
+            .map(|i| {
+                let cursor = state.dataset_cursor as usize + i;
+                let order = epoch_order(&runner.seeds, (cursor / n) as u64, n);
+                train_tasks[order[cursor % n]].clone()
+            })
+            .collect();
+        let (metrics, rows) = runner.train_step(step, &batch)?;
+        append_jsonl(&runner.dir.trajectories(), &rows)?;
+        append_jsonl(&runner.dir.metrics(), &[metrics])?;
+        state.step = step + 1;
+        state.dataset_cursor += per_step as u64;
+        bar.inc(1);
+        if state.step % manifest.rollout.checkpoint_every == 0 || state.step == stop {
+            let learners: Vec<&AgentLearner<B>> = runner.learners.iter().collect();
+            save_checkpoint(&runner.dir.checkpoint(), &learners, &state)?;
+        }
+    }
+    bar.finish_and_clear();
+    let last = if stop == total && !eval_tasks.is_empty() {
+        let line = runner.evaluate(total, &eval_tasks)?;
+        append_jsonl(&runner.dir.metrics(), std::slice::from_ref(&line))?;
+        line
+    } else {
+        json!({ "step": stop, "kind": "partial" })
+    };
+    let _ = std::fs::remove_dir(runner.dir.work()); // only when empty
+    Ok(last)
+}
