@@ -5,12 +5,17 @@
 //!   answers with the same functions the pipelines use.
 //! - `mappa run MANIFEST`: train and evaluate as a manifest says.
 //! - `mappa reproduce NAME`: run `experiments/NAME.toml` (or `--dry-run`: the plan).
+//! - `mappa eval MANIFEST [--run RUN_DIR]`: held-out accuracy of base models or a checkpoint.
+//! - `mappa ablate NAME --credit a,b,c --seeds N`: credit variants side by side.
+//! - `mappa report RUN_DIR...`: compare runs in a markdown table with plots.
+//! - `mappa inspect RUN_DIR --trajectory N`: one trajectory, readable.
 //! - `mappa coach score`: score action contexts with a configured coach.
 //! - `mappa sandbox run`: run a Python program in the sandbox the agents use
 //!   and print the result as JSON.
 
 mod coach;
 mod grade;
+mod report;
 mod run;
 mod sandbox;
 
@@ -34,6 +39,14 @@ enum Command {
     Run(run::RunArgs),
     /// Run experiments/NAME.toml after checking that everything it needs is present.
     Reproduce(run::ReproduceArgs),
+    /// Evaluate base models or a run's checkpoint on a manifest's held-out tasks.
+    Eval(run::EvalArgs),
+    /// One run per credit variant and seed, then a comparison table and plots.
+    Ablate(run::AblateArgs),
+    /// Compare runs: a markdown table with the paper's numbers beside it, and SVG plots.
+    Report(report::ReportArgs),
+    /// Print one trajectory of a run: every action, tool output and coach rationale.
+    Inspect(report::InspectArgs),
     /// Score agent actions with a coach (HTTP, local model or scripted).
     #[command(subcommand)]
     Coach(coach::CoachCommand),
@@ -48,6 +61,10 @@ fn main() -> ExitCode {
         Command::Grade(args) => grade::run(&args),
         Command::Run(args) => run::run_manifest(&args),
         Command::Reproduce(args) => run::reproduce(&args),
+        Command::Eval(args) => run::eval(&args),
+        Command::Ablate(args) => run::ablate(&args),
+        Command::Report(args) => report::report(&args),
+        Command::Inspect(args) => report::inspect(&args),
         Command::Coach(command) => coach::run(&command),
         Command::Sandbox(command) => sandbox::run(&command),
     };

@@ -56,7 +56,7 @@ pub struct ReproduceArgs {
 }
 
 /// The repository root: the nearest ancestor of the current directory with `experiments/`.
-fn repo_root() -> PathBuf {
+pub fn repo_root() -> PathBuf {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
     cwd.ancestors()
         .find(|d| d.join("experiments").is_dir())
@@ -337,4 +337,183 @@ pub fn reproduce(args: &ReproduceArgs) -> Result<(), String> {
             ..Default::default()
         },
     )
+}
+
+/// Arguments of `mappa eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// The experiment manifest: its held-out tasks, workflow and base models.
+    manifest: PathBuf,
+    /// Evaluate this run's latest checkpoint instead of the base models.
+    #[arg(long)]
+    run: Option<PathBuf>,
+    /// Where eval.jsonl goes (default: the run directory, else `runs/<name>-eval`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Runs `mappa eval`.
+pub fn eval(args: &EvalArgs) -> Result<(), String> {
+    let manifest = Manifest::load(&args.manifest).map_err(|e| e.to_string())?;
+    manifest.resolve().map_err(|e| e.to_string())?;
+    let checkpoint = args
+        .run
+        .as_ref()
+        .map(|r| r.join("checkpoints").join("latest"));
+    let out = args
+        .out
+        .clone()
+        .or_else(|| args.run.clone())
+        .unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-eval", manifest.name)));
+    type B = Autodiff<mappa_model::backend::Cpu>;
+    let line = mappa_train::run::evaluate::<B>(
+        &manifest,
+        &out,
+        checkpoint.as_deref(),
+        &Default::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    println!("{line}");
+    eprintln!(
+        "held-out accuracy {:.3} ({} trajectories); appended to {}",
+        line["accuracy"].as_f64().unwrap_or(0.0),
+        line["trajectories"],
+        out.join("eval.jsonl").display()
+    );
+    Ok(())
+}
+
+/// Arguments of `mappa ablate`.
+#[derive(Args, Debug)]
+pub struct AblateArgs {
+    /// The experiment: `experiments/NAME.toml`, or a path to a manifest.
+    name: String,
+    /// Credit variants, comma-separated: strategy kinds (`process`, `outcome`,
+    /// `outcome_final_agent`, `min_form`, `mixed=0.5`, `discounted_outcome=0.9`)
+    /// or normalisation scopes (`scope=per_prompt_group`, ...).
+    #[arg(long, value_delimiter = ',', required = true)]
+    credit: Vec<String>,
+    /// Seeds per variant (the manifest's seed, +1, +2, ...).
+    #[arg(long, default_value_t = 3)]
+    seeds: u64,
+    /// Where the runs and the comparison go.
+    #[arg(long, default_value = "runs")]
+    runs_dir: PathBuf,
+}
+
+/// Apply one `--credit` variant to a manifest.
+fn apply_variant(manifest: &mut Manifest, variant: &str) -> Result<(), String> {
+    let (key, value) = variant
+        .split_once('=')
+        .map_or((variant, None), |(k, v)| (k, Some(v)));
+    let number = |v: Option<&str>| -> Result<f64, String> {
+        v.ok_or_else(|| format!("{variant:?}: expected {key}=NUMBER"))?
+            .parse()
+            .map_err(|_| format!("{variant:?}: {v:?} is not a number"))
+    };
+    let strategy = match key {
+        "scope" => {
+            let scope = value.ok_or_else(|| format!("{variant:?}: expected scope=NAME"))?;
+            manifest.credit.scope = serde_json::from_value(serde_json::json!(scope))
+                .map_err(|_| format!("{variant:?}: unknown scope (per_agent_global, all_agents_global, per_prompt_group, group_mean_then_global, none)"))?;
+            return Ok(());
+        }
+        "mixed" => serde_json::json!({ "kind": "mixed", "alpha": number(value)? }),
+        "discounted_outcome" => {
+            serde_json::json!({ "kind": "discounted_outcome", "gamma": number(value)? })
+        }
+        kind => serde_json::json!({ "kind": kind }),
+    };
+    manifest.credit.strategy = serde_json::from_value(strategy)
+        .map_err(|e| format!("{variant:?}: {e} (strategies: process, outcome, outcome_final_agent, mixed=A, discounted_outcome=G, min_form)"))?;
+    manifest.validate().map_err(|e| format!("{variant:?}: {e}"))
+}
+
+/// Runs `mappa ablate`.
+pub fn ablate(args: &AblateArgs) -> Result<(), String> {
+    let path = if args.name.ends_with(".toml") {
+        PathBuf::from(&args.name)
+    } else {
+        repo_root()
+            .join("experiments")
+            .join(format!("{}.toml", args.name))
+    };
+    let base = Manifest::load(&path).map_err(|e| e.to_string())?;
+    if args.seeds == 0 {
+        return Err("--seeds 0: expected at least 1".into());
+    }
+    let mut plan = Vec::new();
+    for variant in &args.credit {
+        for s in 0..args.seeds {
+            let mut manifest = base.clone();
+            apply_variant(&mut manifest, variant)?;
+            manifest.seed = base.seed + s;
+            manifest.name = format!(
+                "{}-{}-s{}",
+                base.name,
+                variant.replace(['=', '.'], "_"),
+                manifest.seed
+            );
+            plan.push((variant.clone(), manifest));
+        }
+    }
+    let mut dirs: Vec<(String, PathBuf)> = Vec::new();
+    for (i, (variant, manifest)) in plan.iter().enumerate() {
+        eprintln!("[{}/{}] {}", i + 1, plan.len(), manifest.name);
+        let dir = prepare(manifest, None, &args.runs_dir)?;
+        execute(
+            manifest,
+            &dir,
+            &RunOptions {
+                progress: true,
+                ..Default::default()
+            },
+        )?;
+        dirs.push((variant.clone(), dir));
+    }
+    let out = args.runs_dir.join(format!("ablate-{}", base.name));
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let runs: Vec<_> = dirs
+        .iter()
+        .map(|(_, d)| crate::report::load_run(d))
+        .collect::<Result<_, _>>()?;
+    let mut md = comparison(&dirs, &runs);
+    md.push('\n');
+    md.push_str(&crate::report::write_report(&runs, &out, &repo_root())?);
+    let report = out.join("report.md");
+    mappa_core::fs::write_atomic(&report, md.as_bytes()).map_err(|e| e.to_string())?;
+    println!("{}", report.display());
+    Ok(())
+}
+
+/// Final held-out accuracy per variant: mean and standard deviation over seeds.
+fn comparison(dirs: &[(String, PathBuf)], runs: &[crate::report::RunData]) -> String {
+    let mut by_variant: Vec<(String, Vec<f64>)> = Vec::new();
+    for ((variant, _), run) in dirs.iter().zip(runs) {
+        let last = run
+            .metrics
+            .iter()
+            .rev()
+            .find(|m| m["kind"] == "eval")
+            .and_then(|m| m["accuracy"].as_f64());
+        let Some(acc) = last else { continue };
+        match by_variant.iter_mut().find(|(v, _)| v == variant) {
+            Some((_, values)) => values.push(acc),
+            None => by_variant.push((variant.clone(), vec![acc])),
+        }
+    }
+    let mut md = String::from("# Ablation: final held-out accuracy by credit variant\n\n| variant | seeds | mean | std | per seed |\n|---|---|---|---|---|\n");
+    for (variant, values) in &by_variant {
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let std =
+            (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0)).sqrt();
+        let each: Vec<String> = values.iter().map(|v| format!("{v:.3}")).collect();
+        md.push_str(&format!(
+            "| {variant} | {} | {mean:.3} | {std:.3} | {} |\n",
+            values.len(),
+            each.join(", ")
+        ));
+    }
+    md
 }

@@ -213,3 +213,82 @@ fn manifest_errors_name_the_key_or_file() {
         "{stderr}"
     );
 }
+
+#[test]
+fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
+    let runs = scratch();
+    let out = mappa()
+        .arg("ablate")
+        .arg(manifest())
+        .args(["--credit", "process,outcome", "--seeds", "1", "--runs-dir"])
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = runs.path().join("ablate-tiny-arith");
+    let text = std::fs::read_to_string(report.join("report.md")).unwrap();
+    assert!(
+        text.contains("| process | 1 |") && text.contains("| outcome | 1 |"),
+        "{text}"
+    );
+    for plot in [
+        "accuracy.svg",
+        "reward.svg",
+        "tool_call_rate.svg",
+        "response_length.svg",
+    ] {
+        let svg = std::fs::read_to_string(report.join(plot)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("<polyline"),
+            "{plot}"
+        );
+    }
+    let run = runs.path().join(
+        std::fs::read_dir(runs.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .find(|n| n.to_string_lossy().starts_with("tiny-arith-process"))
+            .unwrap(),
+    );
+    let out = mappa()
+        .arg("inspect")
+        .arg(&run)
+        .args(["--trajectory", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && text.contains("=== problem_solver")
+            && text.contains("--- coach: [scripted coach"),
+        "{text}"
+    );
+    let out = mappa()
+        .arg("inspect")
+        .arg(&run)
+        .args(["--trajectory", "999"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("out of range"));
+    let out = mappa()
+        .arg("eval")
+        .arg(manifest())
+        .arg("--run")
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(line["kind"], "eval");
+    assert_eq!(line["step"], 3, "the checkpoint after three steps");
+    assert!(run.join("eval.jsonl").exists());
+}

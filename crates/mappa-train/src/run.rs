@@ -234,7 +234,7 @@ struct Runner<'a, B: AutodiffBackend> {
     workflow: Workflow,
     models: Vec<AgentModel>,
     learners: Vec<AgentLearner<B>>,
-    coach: Box<dyn Coach>,
+    coach: Option<Box<dyn Coach>>,
     sandbox: Sandbox,
     seeds: SeedTree,
     dir: RunDir,
@@ -332,8 +332,11 @@ where
         for t in &trajectories {
             contexts.extend(t.coach_contexts(&self.workflow, by_id[t.task_id.as_str()]));
         }
-        let scores = self
+        let coach = self
             .coach
+            .as_ref()
+            .ok_or_else(|| TrainError::Config("training needs a coach".into()))?;
+        let scores = coach
             .score_batch(&contexts)
             .map_err(|e| TrainError::Input(format!("coach: {e}")))?;
         let mut scores_iter = scores.iter();
@@ -448,23 +451,23 @@ where
     }
 }
 
-/// Run (or resume) the manifest's training in `run_dir`. Returns the final
-/// evaluation's metrics line.
-pub fn run<B: AutodiffBackend>(
-    manifest: &Manifest,
+/// A runner with the training and held-out tasks.
+type Built<'a, B> = (Runner<'a, B>, Vec<TaskInput>, Vec<TaskInput>);
+
+/// Load the workflow, tasks, models, coach (when `coach` is true) and sandbox of a manifest.
+fn build_runner<'a, B: AutodiffBackend>(
+    manifest: &'a Manifest,
     run_dir: &Path,
-    options: &RunOptions,
+    coach: bool,
+    coach_mode: Option<CacheMode>,
     device: &B::Device,
-) -> Result<Value, TrainError>
+) -> Result<Built<'a, B>, TrainError>
 where
     mappa_model::Transformer<B::InnerBackend>: Send,
 {
     let workflow =
         Workflow::load(&manifest.workflow).map_err(|e| TrainError::Config(e.to_string()))?;
     let (train_tasks, eval_tasks) = load_tasks(manifest)?;
-    if train_tasks.is_empty() {
-        return Err(TrainError::Config("data: no training tasks".into()));
-    }
     let mut models = Vec::new();
     let mut learners = Vec::new();
     for agent in &workflow.agents {
@@ -486,13 +489,19 @@ where
             template,
         });
     }
-    let mut coach_config = manifest.coach.clone();
-    if let Some(mode) = options.coach_mode {
-        coach_config.cache_mode = mode;
-    }
-    let coach = coach_config
-        .build()
-        .map_err(|e| TrainError::Config(e.to_string()))?;
+    let coach = if coach {
+        let mut config = manifest.coach.clone();
+        if let Some(mode) = coach_mode {
+            config.cache_mode = mode;
+        }
+        Some(
+            config
+                .build()
+                .map_err(|e| TrainError::Config(e.to_string()))?,
+        )
+    } else {
+        None
+    };
     let sandbox =
         Sandbox::new(SandboxConfig::discover().map_err(|e| TrainError::Config(e.to_string()))?)
             .map_err(|e| TrainError::Config(e.to_string()))?;
@@ -501,7 +510,7 @@ where
     };
     std::fs::create_dir_all(&dir.root)
         .map_err(|e| TrainError::Config(format!("{}: {e}", dir.root.display())))?;
-    let mut runner = Runner {
+    let runner = Runner {
         manifest,
         workflow,
         models,
@@ -511,7 +520,53 @@ where
         seeds: SeedTree::new(manifest.seed),
         dir,
     };
+    Ok((runner, train_tasks, eval_tasks))
+}
 
+/// Evaluate the base models, or a run's checkpoint, on the manifest's
+/// held-out tasks; appends the result to `out_dir/eval.jsonl` and returns it.
+pub fn evaluate<B: AutodiffBackend>(
+    manifest: &Manifest,
+    out_dir: &Path,
+    checkpoint: Option<&Path>,
+    device: &B::Device,
+) -> Result<Value, TrainError>
+where
+    mappa_model::Transformer<B::InnerBackend>: Send,
+{
+    let (mut runner, _, eval_tasks) = build_runner::<B>(manifest, out_dir, false, None, device)?;
+    if eval_tasks.is_empty() {
+        return Err(TrainError::Config(
+            "data: no held-out tasks to evaluate".into(),
+        ));
+    }
+    let step = match checkpoint {
+        Some(dir) => load_checkpoint(dir, &mut runner.learners)?.step,
+        None => 0,
+    };
+    let mut line = runner.evaluate(step, &eval_tasks)?;
+    line["checkpoint"] = json!(checkpoint.map(|c| c.display().to_string()));
+    append_jsonl(&out_dir.join("eval.jsonl"), std::slice::from_ref(&line))?;
+    let _ = std::fs::remove_dir(runner.dir.work());
+    Ok(line)
+}
+
+/// Run (or resume) the manifest's training in `run_dir`. Returns the final
+/// evaluation's metrics line.
+pub fn run<B: AutodiffBackend>(
+    manifest: &Manifest,
+    run_dir: &Path,
+    options: &RunOptions,
+    device: &B::Device,
+) -> Result<Value, TrainError>
+where
+    mappa_model::Transformer<B::InnerBackend>: Send,
+{
+    let (mut runner, train_tasks, eval_tasks) =
+        build_runner::<B>(manifest, run_dir, true, options.coach_mode, device)?;
+    if train_tasks.is_empty() {
+        return Err(TrainError::Config("data: no training tasks".into()));
+    }
     let mut state = TrainerState {
         extra: json!({ "seed": manifest.seed }),
         ..Default::default()

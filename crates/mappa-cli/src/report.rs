@@ -1,0 +1,341 @@
+//! `mappa report RUN_DIR...`: a markdown table comparing runs (with the
+//! paper's numbers beside them where they exist) and SVG plots of held-out
+//! accuracy, per-agent reward, tool-call rate and response length over
+//! steps. `mappa inspect RUN_DIR --trajectory N`: one trajectory, readable.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use plotters::prelude::*;
+use serde_json::Value;
+
+/// Arguments of `mappa report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Run directories.
+    #[arg(required = true)]
+    runs: Vec<PathBuf>,
+    /// Where to write report.md and the plots (default: the first run directory).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Arguments of `mappa inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// A run directory.
+    run: PathBuf,
+    /// Which trajectory (0-based line of trajectories.jsonl).
+    #[arg(long)]
+    trajectory: usize,
+}
+
+/// One run's data.
+pub struct RunData {
+    /// A label: name, credit strategy, seed.
+    pub label: String,
+    /// The lock file.
+    pub lock: Value,
+    /// Every line of metrics.jsonl.
+    pub metrics: Vec<Value>,
+}
+
+fn read_jsonl(path: &Path) -> Result<Vec<Value>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// Read a run directory.
+pub fn load_run(dir: &Path) -> Result<RunData, String> {
+    let lock_path = dir.join("manifest.lock.json");
+    let lock: Value = serde_json::from_str(
+        &std::fs::read_to_string(&lock_path)
+            .map_err(|e| format!("{}: {e} (is it a run directory?)", lock_path.display()))?,
+    )
+    .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let metrics = read_jsonl(&dir.join("metrics.jsonl"))?;
+    let m = &lock["manifest"];
+    let label = format!(
+        "{} [{} / {}, seed {}]",
+        m["name"].as_str().unwrap_or("?"),
+        m["credit"]["strategy"]["kind"].as_str().unwrap_or("?"),
+        m["credit"]["scope"].as_str().unwrap_or("?"),
+        m["seed"]
+    );
+    Ok(RunData {
+        label,
+        lock,
+        metrics,
+    })
+}
+
+/// (step, value) of one field of the lines of one kind.
+fn series(run: &RunData, kind: &str, field: impl Fn(&Value) -> Option<f64>) -> Vec<(f64, f64)> {
+    run.metrics
+        .iter()
+        .filter(|m| m["kind"] == kind)
+        .filter_map(|m| Some((m["step"].as_f64()?, field(m)?)))
+        .collect()
+}
+
+/// Mean of an agent-level field over agents, per train step.
+fn agent_field(m: &Value, agent: &str, field: &str) -> Option<f64> {
+    m["agents"]
+        .as_array()?
+        .iter()
+        .find(|a| a["agent"] == agent)?[field]
+        .as_f64()
+}
+
+/// Draw one SVG line chart.
+fn line_chart(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    lines: &[(String, Vec<(f64, f64)>)],
+) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let points: Vec<&(f64, f64)> = lines.iter().flat_map(|(_, p)| p).collect();
+    if points.is_empty() {
+        return Ok(());
+    }
+    let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
+    let (mut y_min, mut y_max) = points
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+            (lo.min(p.1), hi.max(p.1))
+        });
+    if y_max - y_min < 1e-9 {
+        y_min -= 0.5;
+        y_max += 0.5;
+    }
+    let pad = (y_max - y_min) * 0.05;
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..x_max, (y_min - pad)..(y_max + pad))
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc(y_label)
+        .draw()
+        .map_err(|e| err(&e))?;
+    for (i, (label, pts)) in lines.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))
+}
+
+fn fmt(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// The paper's numbers for a MathChat run (from experiments/paper-results.toml).
+fn paper_lines(repo: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(repo.join("experiments/paper-results.toml")) else {
+        return Vec::new();
+    };
+    let Ok(value) = text.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let Some(rows) = value.get("mathchat").and_then(|v| v.as_array()) else {
+        return Vec::new();
+    };
+    rows.iter()
+        .filter_map(|r| {
+            let get = |k: &str, w: &str| r.get(k)?.get(w)?.as_float();
+            Some(format!(
+                "| paper: {} (coach {}) | AIME 2025 {:.1} -> {:.1} | AMC {:.1} -> {:.1} |",
+                r.get("base_model")?.as_str()?,
+                r.get("coach")?.as_str()?,
+                get("aime_2025", "before")?,
+                get("aime_2025", "after")?,
+                get("amc", "before")?,
+                get("amc", "after")?
+            ))
+        })
+        .collect()
+}
+
+/// Runs `mappa report`.
+pub fn report(args: &ReportArgs) -> Result<(), String> {
+    let runs: Vec<RunData> = args
+        .runs
+        .iter()
+        .map(|d| load_run(d))
+        .collect::<Result<_, _>>()?;
+    let out = args.out.clone().unwrap_or_else(|| args.runs[0].clone());
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let text = write_report(&runs, &out, &crate::run::repo_root())?;
+    let path = out.join("report.md");
+    mappa_core::fs::write_atomic(&path, text.as_bytes()).map_err(|e| e.to_string())?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// Write the plots and return the markdown.
+pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String, String> {
+    let mut md = String::from("# mappa report\n\n| run | held-out accuracy: start | final | best | last train accuracy | tool-call rate: first -> last | steps |\n|---|---|---|---|---|---|---|\n");
+    for run in runs {
+        let eval = series(run, "eval", |m| m["accuracy"].as_f64());
+        let train = series(run, "train", |m| m["train_accuracy"].as_f64());
+        let tools = series(run, "train", |m| m["tool_call_rate"].as_f64());
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} -> {} | {} |\n",
+            run.label,
+            fmt(eval.first().map(|p| p.1)),
+            fmt(eval.last().map(|p| p.1)),
+            fmt(eval.iter().map(|p| p.1).reduce(f64::max)),
+            fmt(train.last().map(|p| p.1)),
+            fmt(tools.first().map(|p| p.1)),
+            fmt(tools.last().map(|p| p.1)),
+            train.len()
+        ));
+    }
+    if runs.iter().any(|r| {
+        r.lock["manifest"]["coach"]["domain"] == "mathchat"
+            && r.lock["manifest"]["data"]["kind"] == "math_file"
+    }) {
+        let paper = paper_lines(repo);
+        if !paper.is_empty() {
+            md.push_str("\nThe paper's reported numbers (arXiv 2601.23228), for comparison:\n\n| source | AIME 2025 | AMC |\n|---|---|---|\n");
+            for line in paper {
+                md.push_str(&line);
+                md.push('\n');
+            }
+        }
+    }
+    let lines = |kind: &str, f: &dyn Fn(&Value) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
+        runs.iter()
+            .map(|r| (r.label.clone(), series(r, kind, f)))
+            .filter(|(_, p)| !p.is_empty())
+            .collect()
+    };
+    line_chart(
+        &out.join("accuracy.svg"),
+        "held-out accuracy",
+        "accuracy",
+        &lines("eval", &|m| m["accuracy"].as_f64()),
+    )?;
+    line_chart(
+        &out.join("tool_call_rate.svg"),
+        "tool-call rate (actions of Python agents with code)",
+        "rate",
+        &lines("train", &|m| m["tool_call_rate"].as_f64()),
+    )?;
+    let mut rewards = Vec::new();
+    let mut lengths = Vec::new();
+    for run in runs {
+        let agents: Vec<String> = run
+            .metrics
+            .iter()
+            .find(|m| m["kind"] == "train")
+            .and_then(|m| m["agents"].as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x["agent"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for agent in agents {
+            let label = format!("{} {agent}", run.label);
+            rewards.push((
+                label.clone(),
+                series(run, "train", |m| agent_field(m, &agent, "mean_reward")),
+            ));
+            lengths.push((
+                label,
+                series(run, "train", |m| agent_field(m, &agent, "response_length")),
+            ));
+        }
+    }
+    line_chart(
+        &out.join("reward.svg"),
+        "mean reward per agent",
+        "reward",
+        &rewards,
+    )?;
+    line_chart(
+        &out.join("response_length.svg"),
+        "mean response length per agent",
+        "tokens",
+        &lengths,
+    )?;
+    md.push_str("\n![held-out accuracy](accuracy.svg)\n![mean reward per agent](reward.svg)\n![tool-call rate](tool_call_rate.svg)\n![response length](response_length.svg)\n");
+    let by_label: BTreeMap<&str, usize> = runs
+        .iter()
+        .map(|r| (r.label.as_str(), r.metrics.len()))
+        .collect();
+    md.push_str(&format!(
+        "\nRuns: {}.\n",
+        by_label.keys().copied().collect::<Vec<_>>().join("; ")
+    ));
+    Ok(md)
+}
+
+/// Runs `mappa inspect`.
+pub fn inspect(args: &InspectArgs) -> Result<(), String> {
+    let path = args.run.join("trajectories.jsonl");
+    let rows = read_jsonl(&path)?;
+    let t = rows.get(args.trajectory).ok_or_else(|| {
+        format!(
+            "{}: {} trajectories; --trajectory {} is out of range",
+            path.display(),
+            rows.len(),
+            args.trajectory
+        )
+    })?;
+    println!(
+        "trajectory {} (step {}, task {}, sample {}): outcome {}",
+        args.trajectory, t["step"], t["task_id"], t["sample"], t["outcome"]
+    );
+    for a in t["actions"].as_array().into_iter().flatten() {
+        println!(
+            "\n=== {} (action {}) | coach {} | reward {} | advantage {}",
+            a["role"].as_str().unwrap_or("?"),
+            a["turn"],
+            a["score"],
+            a["reward"],
+            a["advantage_mean"]
+        );
+        println!("{}", a["text"].as_str().unwrap_or(""));
+        if let Some(obs) = a["tool_observation"].as_str() {
+            println!(
+                "--- tool output ({})\n{obs}",
+                a["tool_status"].as_str().unwrap_or("?")
+            );
+        }
+        if let Some(r) = a["rationale"].as_str().filter(|r| !r.is_empty()) {
+            println!("--- coach: {r}");
+        }
+    }
+    Ok(())
+}
