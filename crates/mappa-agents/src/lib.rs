@@ -5,16 +5,19 @@
 //!   required and passed files.
 //! - [`policy`]: the [`Policy`] trait (a batch of chat prompts in, completions
 //!   with token ids and log-probs out) and a scripted policy for tests.
+//! - [`remote`]: a served model (vLLM, SGLang, ...) as an evaluation-only policy.
 //! - [`rollout`]: runs a workflow over tasks: batched generation per agent
 //!   and turn, the Python tool in the sandbox, file hand-offs.
 //! - [`trajectory`]: what a rollout records, and the coach's view of it.
 
 pub mod policy;
+pub mod remote;
 pub mod rollout;
 pub mod trajectory;
 pub mod workflow;
 
 pub use policy::{Message, Policy, PolicyOutput, PolicyRequest, ScriptedPolicy};
+pub use remote::RemotePolicy;
 pub use rollout::RolloutEngine;
 pub use trajectory::{ActionRecord, TaskInput, Trajectory};
 pub use workflow::{AgentSpec, Tool, Workflow};

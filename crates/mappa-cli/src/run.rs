@@ -154,7 +154,10 @@ fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> Result<
 /// What a run would do, in numbers.
 fn plan(manifest: &Manifest) -> Result<Vec<(String, String)>, String> {
     let workflow = mappa_agents::Workflow::load(&manifest.workflow).map_err(|e| e.to_string())?;
-    let (train, eval) = load_tasks(manifest).map_err(|e| e.to_string())?;
+    // Generated tasks are written somewhere disposable for the count.
+    let scratch = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+    let tasks = load_tasks(manifest, scratch.path()).map_err(|e| e.to_string())?;
+    let (train, eval) = (tasks.train, tasks.eval);
     let r = &manifest.rollout;
     let trajectories = r.steps * r.prompts_per_step * r.samples_per_prompt;
     let max_actions: usize = workflow.agents.iter().map(|a| a.max_actions).sum();
@@ -263,13 +266,22 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
             "download them there (see the comment in the manifest), or point [models] at a local HF checkpoint".into(),
         ));
     }
-    if let DataSpec::MathFile { path, .. } = &manifest.data {
-        if !path.exists() {
+    match &manifest.data {
+        DataSpec::MathFile { path, .. } if !path.exists() => {
             out.push((
                 format!("the training data {}", path.display()),
                 "restore fixtures/bench/".into(),
             ));
         }
+        DataSpec::Tabular(files) if !files.data_root.is_dir() => out.push((
+            format!(
+                "the DSBench data (train.csv, test.csv, answers/) under {}",
+                files.data_root.display()
+            ),
+            "get them from the DSBench data release and lay them out as the task lists' paths say"
+                .into(),
+        )),
+        _ => {}
     }
     if let Some(var) = manifest
         .coach

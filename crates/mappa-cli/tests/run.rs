@@ -292,3 +292,47 @@ fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
     assert_eq!(line["step"], 3, "the checkpoint after three steps");
     assert!(run.join("eval.jsonl").exists());
 }
+
+#[test]
+fn the_dsbench_pipeline_runs_end_to_end_on_generated_tasks() {
+    let runs = scratch();
+    let out = mappa()
+        .arg("run")
+        .arg(workspace().join("fixtures/manifests/tiny-tabular.toml"))
+        .arg("--runs-dir")
+        .arg(runs.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = run_dir(runs.path());
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let eval: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        eval["tabular"]["n"], 2,
+        "fair DSBench metrics over the held-out tasks: {eval}"
+    );
+    let trajectories = std::fs::read_to_string(run.join("trajectories.jsonl")).unwrap();
+    let first: serde_json::Value =
+        serde_json::from_str(trajectories.lines().next().unwrap()).unwrap();
+    assert_eq!(first["actions"][0]["role"], "data_engineer");
+    assert!(
+        first["actions"][0]["rationale"]
+            .as_str()
+            .unwrap()
+            .contains("required files missing"),
+        "{first}"
+    );
+    let out = mappa()
+        .args(["reproduce", "dsbench", "--dry-run"])
+        .output()
+        .unwrap();
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        plan.contains("63 (8 held out)") && plan.contains("DSBench data"),
+        "{plan}"
+    );
+}

@@ -71,6 +71,18 @@ pub enum DataSpec {
         /// Generator seed (the eval set uses a seed derived from it).
         seed: u64,
     },
+    /// DSBench tasks from files.
+    Tabular(TabularFiles),
+    /// Generated tabular tasks (`mappa_env::tabular::generate_task`), written
+    /// into the run directory: binary, multi-class and regression in turn.
+    GeneratedTabular {
+        /// Training tasks.
+        train: usize,
+        /// Held-out tasks.
+        eval: usize,
+        /// Generator seed.
+        seed: u64,
+    },
     /// An AIME/AMC file: a seeded sample for training, other files for eval.
     MathFile {
         /// The training file.
@@ -87,6 +99,21 @@ pub enum DataSpec {
         #[serde(default)]
         eval: Vec<FileRef>,
     },
+}
+
+/// DSBench-layout tabular tasks (see `mappa_env::tabular::load_tasks`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TabularFiles {
+    /// The training task list (JSON lines).
+    pub train: FileRef,
+    /// The held-out task list.
+    pub eval: FileRef,
+    /// The cleaned-prompt file.
+    pub cleaned_prompts: FileRef,
+    /// The directory the task lists' data paths are relative to (train.csv,
+    /// test.csv, answers/...): the DSBench data release, supplied by the user.
+    pub data_root: PathBuf,
 }
 
 /// A file with its expected hash.
@@ -269,9 +296,22 @@ impl Manifest {
             }
         };
         rebase(&mut manifest.workflow);
-        if let DataSpec::MathFile { path, eval, .. } = &mut manifest.data {
-            rebase(path);
-            eval.iter_mut().for_each(|f| rebase(&mut f.path));
+        match &mut manifest.data {
+            DataSpec::MathFile { path, eval, .. } => {
+                rebase(path);
+                eval.iter_mut().for_each(|f| rebase(&mut f.path));
+            }
+            DataSpec::Tabular(files) => {
+                for f in [
+                    &mut files.train,
+                    &mut files.eval,
+                    &mut files.cleaned_prompts,
+                ] {
+                    rebase(&mut f.path);
+                }
+                rebase(&mut files.data_root);
+            }
+            DataSpec::GeneratedMath { .. } | DataSpec::GeneratedTabular { .. } => {}
         }
         manifest
             .models
@@ -340,7 +380,19 @@ impl Manifest {
             );
         }
         let data = match &self.data {
-            DataSpec::GeneratedMath { .. } => json!("generated"),
+            DataSpec::GeneratedMath { .. } | DataSpec::GeneratedTabular { .. } => {
+                json!("generated")
+            }
+            DataSpec::Tabular(files) => {
+                if !files.data_root.is_dir() {
+                    return Err(manifest_err(&files.data_root, "the tabular data root does not exist (the DSBench data release, supplied by you)"));
+                }
+                json!({
+                    "train": check(&files.train.path, &files.train.sha256, "the training task list")?,
+                    "eval": check(&files.eval.path, &files.eval.sha256, "the held-out task list")?,
+                    "cleaned_prompts": check(&files.cleaned_prompts.path, &files.cleaned_prompts.sha256, "the cleaned prompts")?,
+                })
+            }
             DataSpec::MathFile {
                 path, sha256, eval, ..
             } => {

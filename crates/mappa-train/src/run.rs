@@ -21,6 +21,10 @@ use mappa_core::rng::SeedTree;
 use mappa_env::datasets::{check_disjoint, normalize_problem_text, MathDataset};
 use mappa_env::math_tasks::generate_mix;
 use mappa_env::sandbox::{Sandbox, SandboxConfig};
+use mappa_env::tabular::{
+    evaluate as evaluate_submission, generate_task, FairSummary, Outcome, SpecKind, TabularTask,
+    TaskSpec,
+};
 use mappa_judge::cache::CacheMode;
 use mappa_judge::{ActionScore, Coach, KnownSolution};
 use mappa_model::weights::load_transformer;
@@ -71,10 +75,113 @@ impl RunDir {
     }
 }
 
-/// The training and held-out tasks of a manifest.
-pub fn load_tasks(manifest: &Manifest) -> Result<(Vec<TaskInput>, Vec<TaskInput>), TrainError> {
+/// A manifest's tasks.
+#[derive(Debug, Clone, Default)]
+pub struct Tasks {
+    /// Training tasks.
+    pub train: Vec<TaskInput>,
+    /// Held-out tasks.
+    pub eval: Vec<TaskInput>,
+    /// The tabular task behind each tabular task id (for grading submissions).
+    pub tabular: BTreeMap<String, TabularTask>,
+}
+
+/// A tabular task as agents see it: the cleaned text, the data files; the coach gets the raw text.
+fn tabular_input(group: usize, task: &TabularTask) -> TaskInput {
+    let dir = task
+        .train_csv
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let sample = dir.join("sample_submission.csv");
+    let mut inputs = vec![task.train_csv.clone(), task.test_csv.clone()];
+    if sample.exists() {
+        inputs.push(sample);
+    }
+    TaskInput {
+        id: task.id.clone(),
+        group,
+        text: task.cleaned_prompt.clone(),
+        coach_text: Some(task.raw_prompt.clone()),
+        inputs,
+        solution: Some(KnownSolution {
+            task_kind: task.kind.name().to_string(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Generated tabular tasks: binary, multi-class and regression in turn.
+fn generated_tabular(
+    dir: &Path,
+    n: usize,
+    seed: u64,
+    prefix: &str,
+) -> Result<Vec<TabularTask>, TrainError> {
+    (0..n)
+        .map(|i| {
+            let kind = match i % 3 {
+                0 => SpecKind::Binary,
+                1 => SpecKind::Multiclass { classes: 3 },
+                _ => SpecKind::Regression,
+            };
+            let spec = TaskSpec {
+                id: format!("{prefix}-{i}"),
+                kind,
+                n_train: 300,
+                n_test: 100,
+                n_features: 3,
+                noise: 0.1,
+            };
+            generate_task(dir, &spec, seed + i as u64)
+                .map(|g| g.task)
+                .map_err(|e| TrainError::Config(format!("data: {e}")))
+        })
+        .collect()
+}
+
+/// The training and held-out tasks of a manifest; generated tabular tasks
+/// are written under `data_dir`.
+pub fn load_tasks(manifest: &Manifest, data_dir: &Path) -> Result<Tasks, TrainError> {
     let data_err = |e: &dyn std::fmt::Display| TrainError::Config(format!("data: {e}"));
+    let tabular_tasks = |train: Vec<TabularTask>, eval: Vec<TabularTask>| {
+        let tabular = train
+            .iter()
+            .chain(&eval)
+            .map(|t| (t.id.clone(), t.clone()))
+            .collect();
+        Tasks {
+            train: train
+                .iter()
+                .enumerate()
+                .map(|(i, t)| tabular_input(i, t))
+                .collect(),
+            eval: eval
+                .iter()
+                .enumerate()
+                .map(|(i, t)| tabular_input(i, t))
+                .collect(),
+            tabular,
+        }
+    };
     match &manifest.data {
+        DataSpec::Tabular(files) => {
+            let load = |list: &Path| {
+                mappa_env::tabular::load_tasks(list, &files.cleaned_prompts.path, &files.data_root)
+                    .map(|l| l.tasks)
+                    .map_err(|e| data_err(&e))
+            };
+            Ok(tabular_tasks(
+                load(&files.train.path)?,
+                load(&files.eval.path)?,
+            ))
+        }
+        DataSpec::GeneratedTabular { train, eval, seed } => {
+            let train = generated_tabular(data_dir, *train, *seed, "train")?;
+            let eval = generated_tabular(data_dir, *eval, seed.wrapping_add(1_000_003), "eval")?;
+            Ok(tabular_tasks(train, eval))
+        }
         DataSpec::GeneratedMath { train, eval, seed } => {
             let train_problems = generate_mix(*train, *seed);
             let seen: HashSet<String> = train_problems
@@ -107,18 +214,19 @@ pub fn load_tasks(manifest: &Manifest) -> Result<(Vec<TaskInput>, Vec<TaskInput>
                 }),
                 ..Default::default()
             };
-            Ok((
-                train_problems
+            Ok(Tasks {
+                train: train_problems
                     .iter()
                     .enumerate()
                     .map(|(i, p)| task(i, p))
                     .collect(),
-                eval_problems
+                eval: eval_problems
                     .iter()
                     .enumerate()
                     .map(|(i, p)| task(i, p))
                     .collect(),
-            ))
+                tabular: BTreeMap::new(),
+            })
         }
         DataSpec::MathFile {
             path,
@@ -144,14 +252,15 @@ pub fn load_tasks(manifest: &Manifest) -> Result<(Vec<TaskInput>, Vec<TaskInput>
                 ground_truth: Some(p.answer.clone()),
                 ..Default::default()
             };
-            Ok((
-                train.iter().enumerate().map(|(i, p)| task(i, p)).collect(),
-                held_out
+            Ok(Tasks {
+                train: train.iter().enumerate().map(|(i, p)| task(i, p)).collect(),
+                eval: held_out
                     .iter()
                     .enumerate()
                     .map(|(i, p)| task(i, p))
                     .collect(),
-            ))
+                tabular: BTreeMap::new(),
+            })
         }
     }
 }
@@ -166,14 +275,12 @@ fn epoch_order(seeds: &SeedTree, epoch: u64, n: usize) -> Vec<usize> {
     order
 }
 
-/// 1 when the final output's boxed answer equals the reference, else 0.
-fn outcome(task: &TaskInput, trajectory: &Trajectory) -> f64 {
-    match (&task.ground_truth, &trajectory.final_output) {
-        (Some(gold), Some(output)) => {
-            mappa_env::math::grade_response(gold, output, false).correct as u8 as f64
-        }
-        _ => 0.0,
-    }
+/// Delete a rollout's working directories.
+fn remove_work(work: &Path) -> Result<(), TrainError> {
+    std::fs::remove_dir_all(work).map_err(|e| TrainError::Checkpoint {
+        path: work.display().to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// Keep only the lines of a JSON-lines file whose `step` is below `step`
@@ -238,6 +345,7 @@ struct Runner<'a, B: AutodiffBackend> {
     sandbox: Sandbox,
     seeds: SeedTree,
     dir: RunDir,
+    tabular: BTreeMap<String, TabularTask>,
 }
 
 impl<B: AutodiffBackend> Runner<'_, B>
@@ -263,7 +371,7 @@ where
         samples: usize,
         temperature: f64,
         stream: &str,
-    ) -> Result<Vec<Trajectory>, TrainError> {
+    ) -> Result<(Vec<Trajectory>, PathBuf), TrainError> {
         let seeds = SeedTree::new(self.seeds.stream(stream).next_u64());
         let policies: Vec<ModelPolicy<'_, B::InnerBackend>> = self
             .learners
@@ -291,28 +399,58 @@ where
         let trajectories = engine
             .run(tasks, samples)
             .map_err(|e| TrainError::Input(e.to_string()))?;
-        std::fs::remove_dir_all(&work).map_err(|e| TrainError::Checkpoint {
-            path: work.display().to_string(),
-            message: e.to_string(),
-        })?;
-        Ok(trajectories)
+        Ok((trajectories, work))
+    }
+
+    /// The outcome of a trajectory (1 or 0) and, for tabular tasks, the
+    /// submission's evaluation (whose metrics the last agent's coach sees).
+    fn grade(
+        &self,
+        task: &TaskInput,
+        trajectory: &Trajectory,
+    ) -> Result<(f64, Option<Outcome>), TrainError> {
+        if let Some(tabular) = self.tabular.get(&task.id) {
+            let submission = trajectory
+                .workdir
+                .join(&self.workflow.final_answer_from)
+                .join("submission.csv");
+            let outcome = evaluate_submission(tabular, Some(&submission))
+                .map_err(|e| TrainError::Input(format!("grading {}: {e}", task.id)))?;
+            return Ok((outcome.success as u8 as f64, Some(outcome)));
+        }
+        let correct = match (&task.ground_truth, &trajectory.final_output) {
+            (Some(gold), Some(output)) => {
+                mappa_env::math::grade_response(gold, output, false).correct
+            }
+            _ => false,
+        };
+        Ok((correct as u8 as f64, None))
     }
 
     fn evaluate(&self, step: usize, eval: &[TaskInput]) -> Result<Value, TrainError> {
         let e = &self.manifest.eval;
-        let trajectories =
+        let (trajectories, work) =
             self.rollout(eval, e.samples, e.temperature, &format!("eval/step-{step}"))?;
         let by_id: BTreeMap<&str, &TaskInput> = eval.iter().map(|t| (t.id.as_str(), t)).collect();
-        let correct: f64 = trajectories
-            .iter()
-            .map(|t| outcome(by_id[t.task_id.as_str()], t))
-            .sum();
-        Ok(json!({
+        let mut correct = 0.0;
+        let mut outcomes = Vec::new();
+        for t in &trajectories {
+            let (value, outcome) = self.grade(by_id[t.task_id.as_str()], t)?;
+            correct += value;
+            outcomes.extend(outcome);
+        }
+        remove_work(&work)?;
+        let mut line = json!({
             "step": step,
             "kind": "eval",
             "accuracy": correct / trajectories.len().max(1) as f64,
             "trajectories": trajectories.len(),
-        }))
+        });
+        if !outcomes.is_empty() {
+            line["tabular"] = serde_json::to_value(FairSummary::from_outcomes(&outcomes))
+                .expect("summary serialises");
+        }
+        Ok(line)
     }
 
     fn train_step(
@@ -321,17 +459,27 @@ where
         batch: &[TaskInput],
     ) -> Result<(Value, Vec<Value>), TrainError> {
         let r = &self.manifest.rollout;
-        let trajectories = self.rollout(
+        let (trajectories, work) = self.rollout(
             batch,
             r.samples_per_prompt,
             r.temperature,
             &format!("rollout/step-{step}"),
         )?;
         let by_id: BTreeMap<&str, &TaskInput> = batch.iter().map(|t| (t.id.as_str(), t)).collect();
+        // Grade first: a tabular task's coach sees the submission's metrics as its ground truth.
+        let mut outcomes = Vec::with_capacity(trajectories.len());
         let mut contexts = Vec::new();
         for t in &trajectories {
-            contexts.extend(t.coach_contexts(&self.workflow, by_id[t.task_id.as_str()]));
+            let task = by_id[t.task_id.as_str()];
+            let (value, tabular) = self.grade(task, t)?;
+            outcomes.push(value);
+            let mut seen = task.clone();
+            if let Some(o) = &tabular {
+                seen.ground_truth = Some(serde_json::to_string(o).expect("outcome serialises"));
+            }
+            contexts.extend(t.coach_contexts(&self.workflow, &seen));
         }
+        remove_work(&work)?;
         let coach = self
             .coach
             .as_ref()
@@ -342,11 +490,11 @@ where
         let mut scores_iter = scores.iter();
         let mut rollout = Vec::new();
         let mut per_trajectory_scores: Vec<Vec<&ActionScore>> = Vec::new();
-        for t in &trajectories {
+        for (t, &outcome) in trajectories.iter().zip(&outcomes) {
             let mine: Vec<&ActionScore> = scores_iter.by_ref().take(t.actions.len()).collect();
             rollout.push(RolloutTrajectory {
                 group: t.group,
-                outcome: outcome(by_id[t.task_id.as_str()], t),
+                outcome,
                 actions: t
                     .actions
                     .iter()
@@ -467,7 +615,7 @@ where
 {
     let workflow =
         Workflow::load(&manifest.workflow).map_err(|e| TrainError::Config(e.to_string()))?;
-    let (train_tasks, eval_tasks) = load_tasks(manifest)?;
+    let tasks = load_tasks(manifest, &run_dir.join("data"))?;
     let mut models = Vec::new();
     let mut learners = Vec::new();
     for agent in &workflow.agents {
@@ -519,8 +667,9 @@ where
         sandbox,
         seeds: SeedTree::new(manifest.seed),
         dir,
+        tabular: tasks.tabular,
     };
-    Ok((runner, train_tasks, eval_tasks))
+    Ok((runner, tasks.train, tasks.eval))
 }
 
 /// Evaluate the base models, or a run's checkpoint, on the manifest's

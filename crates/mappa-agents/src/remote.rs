@@ -1,0 +1,85 @@
+//! A model served elsewhere (vLLM, SGLang, llama.cpp, Ollama, or a hosted
+//! API) as a [`Policy`], through the OpenAI-compatible chat endpoint, so that
+//! a large model can be evaluated in the same pipelines. It returns text
+//! only (no token ids or log-probs), so it cannot be trained.
+
+use mappa_judge::llm::{BackendError, ChatBackend, GenerationParams};
+use mappa_judge::openai::{OpenAiBackend, OpenAiConfig};
+use mappa_judge::rubric::Message as ChatMessage;
+
+use crate::policy::{Policy, PolicyOutput, PolicyRequest};
+use crate::AgentError;
+
+/// A remote, evaluation-only policy.
+pub struct RemotePolicy {
+    backend: OpenAiBackend,
+    params: GenerationParams,
+    concurrency: usize,
+}
+
+impl RemotePolicy {
+    /// A policy calling `config`'s endpoint with the given sampling, at most
+    /// `concurrency` requests at once. Timeouts, retries and rate limits are
+    /// the coach client's (see `mappa_judge::openai`).
+    pub fn new(
+        config: OpenAiConfig,
+        temperature: f64,
+        max_tokens: u32,
+        concurrency: usize,
+    ) -> Result<Self, AgentError> {
+        let backend = OpenAiBackend::new(config).map_err(|e| AgentError::Policy(e.to_string()))?;
+        Ok(Self {
+            backend,
+            params: GenerationParams {
+                temperature,
+                max_tokens,
+            },
+            concurrency: concurrency.max(1),
+        })
+    }
+
+    fn one(&self, request: &PolicyRequest) -> Result<PolicyOutput, AgentError> {
+        let messages: Vec<ChatMessage> = request
+            .messages
+            .iter()
+            .map(|m| ChatMessage::new(&m.role, &m.content))
+            .collect();
+        match self.backend.complete(&messages, &self.params) {
+            Ok(c) => Ok(PolicyOutput {
+                text: c.text,
+                prompt_ids: Vec::new(),
+                completion_ids: Vec::new(),
+                logprobs: Vec::new(),
+                truncated: false,
+            }),
+            Err(BackendError::Fatal(m)) => Err(AgentError::Policy(m)),
+            Err(BackendError::Exhausted { attempts, last }) => Err(AgentError::Policy(format!(
+                "{} failed after {attempts} attempts: {last}",
+                self.name()
+            ))),
+        }
+    }
+}
+
+impl Policy for RemotePolicy {
+    fn name(&self) -> String {
+        format!("remote:{}", self.backend.model_id())
+    }
+
+    fn generate(&self, requests: &[PolicyRequest]) -> Result<Vec<PolicyOutput>, AgentError> {
+        let mut outputs = Vec::with_capacity(requests.len());
+        for chunk in requests.chunks(self.concurrency) {
+            let results: Vec<Result<PolicyOutput, AgentError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = chunk.iter().map(|r| s.spawn(move || self.one(r))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("request thread"))
+                    .collect()
+            });
+            for r in results {
+                outputs.push(r?);
+            }
+        }
+        Ok(outputs)
+    }
+}
