@@ -73,7 +73,7 @@ bench-backends *ARGS:
 
 # Type-check the GPU backends (wgpu, cuda) without a GPU; separate target dir, ~10 min cold.
 check-gpu:
-    cargo check --locked -p mappa-model -p mappa-benches --features wgpu,cuda --target-dir target/gpu-check
+    cargo check --locked -p mappa-model -p mappa-benches -p mappa-cli --features wgpu,cuda --target-dir target/gpu-check
 
 # The HF parity tests on the CUDA backend (needs an NVIDIA GPU and driver).
 parity-cuda:

@@ -126,17 +126,43 @@ fn prepare(manifest: &Manifest, resume: Option<&Path>, runs_dir: &Path) -> Resul
 }
 
 fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> Result<(), String> {
-    if manifest.backend != BackendKind::Cpu {
+    if !backend_available(manifest.backend) {
         return Err(format!(
-            "backend {} is not yet wired into `mappa run` (this build runs on the CPU backend); \
-             set backend = \"cpu\" in the manifest",
+            "backend {0}: this binary was built without it; build with `cargo build --release -p mappa-cli --features {0}`",
             feature_name(manifest.backend)
         ));
     }
     eprintln!("run directory: {}", run_dir.display());
-    type B = Autodiff<mappa_model::backend::Cpu>;
-    let last =
-        run::<B>(manifest, run_dir, options, &Default::default()).map_err(|e| e.to_string())?;
+    let last = match manifest.backend {
+        BackendKind::Cpu => run::<Autodiff<mappa_model::backend::Cpu>>(
+            manifest,
+            run_dir,
+            options,
+            &Default::default(),
+        ),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => run::<Autodiff<mappa_model::backend::Wgpu>>(
+            manifest,
+            run_dir,
+            options,
+            &Default::default(),
+        ),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => run::<Autodiff<mappa_model::backend::Cuda>>(
+            manifest,
+            run_dir,
+            options,
+            &Default::default(),
+        ),
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(format!(
+                "backend {} is not built into this binary",
+                feature_name(other)
+            ))
+        }
+    }
+    .map_err(|e| e.to_string())?;
     match last["kind"].as_str() {
         Some("eval") => eprintln!(
             "final held-out accuracy: {:.3}",
@@ -242,15 +268,10 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
     if !backend_available(manifest.backend) {
         out.push((
             format!("the {} backend (this binary was built without it)", feature_name(manifest.backend)),
-            format!("build with `cargo build --release -p mappa-cli --features {}` on a machine with the GPU", feature_name(manifest.backend)),
-        ));
-    } else if manifest.backend != BackendKind::Cpu {
-        out.push((
             format!(
-                "the {} backend in `mappa run`",
+                "build with `cargo build --release -p mappa-cli --features {}` on a machine with the GPU",
                 feature_name(manifest.backend)
             ),
-            "not wired yet: GPU training runs arrive with a later issue".into(),
         ));
     }
     let mut roles_by_path: std::collections::BTreeMap<&Path, Vec<&str>> =

@@ -13,6 +13,7 @@
 //! - [`manifest`]: experiment manifests, their resolution and lock file.
 //! - [`run`]: the training loop of a manifest, with evaluation, metrics,
 //!   checkpoints and exact resume.
+//! - [`sft`]: supervised fine-tuning on demonstrations (warm starts).
 //! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
 //!   schedule position, RNG streams and counters, with a sha256 index; a
 //!   resumed run is bit-identical on the CPU backend.
@@ -29,6 +30,7 @@ pub mod params;
 pub mod policy;
 pub mod run;
 pub mod schedule;
+pub mod sft;
 pub mod step;
 
 pub use config::TrainConfig;

@@ -434,3 +434,32 @@ fn a_rollout_step_becomes_per_agent_samples_normalised_per_agent() {
     let metrics = learners[1].train_step(&samples[1], &loss).unwrap();
     assert_eq!(metrics.tokens, 8);
 }
+
+#[test]
+fn supervised_finetuning_learns_a_fixed_completion() {
+    use mappa_train::sft::{supervised_finetune, SftConfig};
+    let mut rng = RngStream::from_u64(77);
+    let demos: Vec<(Vec<u32>, Vec<u32>)> = (0..8)
+        .map(|_| (tokens(&mut rng, 5), vec![42, 43, 44, 45]))
+        .collect();
+    let config = SftConfig {
+        epochs: 12,
+        batch_size: 4,
+        lr: 3e-3,
+        grad_clip: 1.0,
+        seed: 1,
+    };
+    let (tuned, losses) = supervised_finetune(model(), &demos, &config).unwrap();
+    assert!(losses.last().unwrap() < &(losses[0] * 0.3), "{losses:?}");
+    // Greedy decoding now writes the demonstrated completion for a new prompt.
+    let prompt = tokens(&mut rng, 5);
+    let out = mappa_model::generate(
+        &tuned.valid(),
+        None,
+        &[prompt],
+        &mut [RngStream::from_u64(0)],
+        &mappa_model::GenerationConfig::greedy(4),
+    )
+    .unwrap();
+    assert_eq!(out[0].token_ids, vec![42, 43, 44, 45]);
+}
