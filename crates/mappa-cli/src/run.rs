@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::Autodiff;
 use clap::Args;
 use mappa_judge::cache::CacheMode;
+use mappa_judge::openai::OpenAiConfig;
 use mappa_train::manifest::{lock, run_id, BackendKind, DataSpec, Manifest};
 use mappa_train::run::{load_tasks, run, RunOptions};
 use serde_json::Value;
@@ -383,6 +384,16 @@ pub struct EvalArgs {
     /// Where eval.jsonl goes (default: the run directory, else `runs/<name>-eval`).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Evaluate a served model (OpenAI-compatible base URL, e.g. vLLM's
+    /// `http://127.0.0.1:8000/v1`) as every agent, instead of local models.
+    #[arg(long, requires = "remote_model", conflicts_with = "run")]
+    remote_url: Option<String>,
+    /// The served model's name.
+    #[arg(long)]
+    remote_model: Option<String>,
+    /// Environment variable holding the endpoint's API key, if it needs one.
+    #[arg(long)]
+    remote_key_env: Option<String>,
 }
 
 /// Runs `mappa eval`.
@@ -398,14 +409,26 @@ pub fn eval(args: &EvalArgs) -> Result<(), String> {
         .clone()
         .or_else(|| args.run.clone())
         .unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-eval", manifest.name)));
-    type B = Autodiff<mappa_model::backend::Cpu>;
-    let line = mappa_train::run::evaluate::<B>(
-        &manifest,
-        &out,
-        checkpoint.as_deref(),
-        &Default::default(),
-    )
-    .map_err(|e| e.to_string())?;
+    let line = match (&args.remote_url, &args.remote_model) {
+        (Some(url), Some(model)) => {
+            let mut endpoint: OpenAiConfig =
+                toml::from_str(&format!("base_url = {url:?}\nmodel = {model:?}"))
+                    .map_err(|e| format!("--remote-url/--remote-model: {e}"))?;
+            endpoint.api_key_env = args.remote_key_env.clone();
+            mappa_train::run::evaluate_remote(&manifest, &out, endpoint)
+                .map_err(|e| e.to_string())?
+        }
+        _ => {
+            type B = Autodiff<mappa_model::backend::Cpu>;
+            mappa_train::run::evaluate::<B>(
+                &manifest,
+                &out,
+                checkpoint.as_deref(),
+                &Default::default(),
+            )
+            .map_err(|e| e.to_string())?
+        }
+    };
     println!("{line}");
     eprintln!(
         "held-out accuracy {:.3} ({} trajectories); appended to {}",

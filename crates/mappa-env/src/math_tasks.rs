@@ -92,6 +92,33 @@ pub struct GeneratedProblem {
     pub program: String,
 }
 
+impl GeneratedProblem {
+    /// The statement without the trailing [`BOXED_INSTRUCTION`].
+    pub fn statement(&self) -> &str {
+        self.prompt
+            .strip_suffix(BOXED_INSTRUCTION)
+            .map_or(self.prompt.as_str(), str::trim_end)
+    }
+
+    /// The Python expression whose value is the answer: the argument of the
+    /// program's final `print(...)` (imports above it stay in [`Self::program`]).
+    pub fn expression(&self) -> &str {
+        let last = self.program.lines().last().unwrap_or_default();
+        last.strip_prefix("print(")
+            .and_then(|e| e.strip_suffix(')'))
+            .unwrap_or(last)
+    }
+
+    /// The program's lines before the final `print(...)` (imports), with a trailing newline when any.
+    pub fn preamble(&self) -> String {
+        let lines: Vec<&str> = self.program.lines().collect();
+        lines[..lines.len().saturating_sub(1)]
+            .iter()
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
+}
+
 /// `n` distinct problems of `tier` under `seed` (see the module docs for the
 /// streams and the prefix property).
 ///
@@ -130,13 +157,20 @@ pub fn generate(tier: Tier, n: usize, seed: u64) -> Vec<GeneratedProblem> {
 /// of `generate(Tier::ALL[i % 4], _, seed)`, so it too depends only on `i`
 /// and `seed`, never on `n`.
 pub fn generate_mix(n: usize, seed: u64) -> Vec<GeneratedProblem> {
-    let tiers = Tier::ALL.len();
-    let mut per_tier: Vec<std::vec::IntoIter<GeneratedProblem>> = Tier::ALL
+    generate_mix_of(&Tier::ALL, n, seed)
+}
+
+/// `n` problems cycling through `tiers` (as [`generate_mix`] does through all of them).
+pub fn generate_mix_of(tiers: &[Tier], n: usize, seed: u64) -> Vec<GeneratedProblem> {
+    let k = tiers.len().max(1);
+    let mut per_tier: Vec<std::vec::IntoIter<GeneratedProblem>> = tiers
         .iter()
         .enumerate()
-        .map(|(t, &tier)| generate(tier, n / tiers + usize::from(t < n % tiers), seed).into_iter())
+        .map(|(t, &tier)| generate(tier, n / k + usize::from(t < n % k), seed).into_iter())
         .collect();
-    (0..n).filter_map(|i| per_tier[i % tiers].next()).collect()
+    (0..n)
+        .filter_map(|i| per_tier.get_mut(i % k)?.next())
+        .collect()
 }
 
 /// A problem before its id, instruction and final step are attached.

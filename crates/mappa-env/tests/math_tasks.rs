@@ -440,3 +440,16 @@ fn programs_print_the_answers() {
         }
     }
 }
+
+#[test]
+fn expression_and_preamble_rebuild_the_program() {
+    for p in mappa_env::math_tasks::generate_mix(40, 3) {
+        assert_eq!(
+            format!("{}print({})", p.preamble(), p.expression()),
+            p.program,
+            "{}",
+            p.id
+        );
+        assert!(!p.expression().contains("print"));
+    }
+}

@@ -14,6 +14,7 @@
 //! - [`run`]: the training loop of a manifest, with evaluation, metrics,
 //!   checkpoints and exact resume.
 //! - [`sft`]: supervised fine-tuning on demonstrations (warm starts).
+//! - [`warm_start`]: scripted-teacher demonstrations and SFT before RL, cached.
 //! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
 //!   schedule position, RNG streams and counters, with a sha256 index; a
 //!   resumed run is bit-identical on the CPU backend.
@@ -32,6 +33,7 @@ pub mod run;
 pub mod schedule;
 pub mod sft;
 pub mod step;
+pub mod warm_start;
 
 pub use config::TrainConfig;
 pub use learner::{AgentLearner, StepMetrics, TrainSample};

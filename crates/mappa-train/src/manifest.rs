@@ -70,6 +70,18 @@ pub enum DataSpec {
         eval: usize,
         /// Generator seed (the eval set uses a seed derived from it).
         seed: u64,
+        /// What a scripted coach looks for in an action: the solution's
+        /// intermediate values (`steps`, the default) or the solving Python
+        /// expression (`expression`).
+        #[serde(default)]
+        coach_checkpoints: CheckpointKind,
+        /// Keep the "put your final answer within \\boxed{}" instruction in
+        /// the task text (default true; compact workflows drop it).
+        #[serde(default = "yes")]
+        instruction: bool,
+        /// Which tiers to draw from, cycled (default: all).
+        #[serde(default)]
+        tiers: Option<Vec<mappa_env::math_tasks::Tier>>,
     },
     /// DSBench tasks from files.
     Tabular(TabularFiles),
@@ -116,6 +128,36 @@ pub struct TabularFiles {
     pub data_root: PathBuf,
 }
 
+/// What a scripted coach checks actions against, for generated math.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    /// The canonical solution steps' values.
+    #[default]
+    Steps,
+    /// The Python expression that computes the answer.
+    Expression,
+}
+
+/// A supervised warm start before RL: demonstrations from a scripted
+/// teacher that makes mistakes at a set rate per role, so that the starting
+/// system is imperfect in known ways. The tuned models are cached by a hash
+/// of everything they depend on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmStart {
+    /// The teacher: `arith` (plan -> program -> boxed answer, for the arith workflow).
+    pub teacher: String,
+    /// Demonstrations per role (training problems, cycled).
+    pub demonstrations: usize,
+    /// Probability that the teacher's action of a role is wrong.
+    #[serde(default)]
+    pub error_rates: BTreeMap<String, f64>,
+    /// Supervised settings.
+    #[serde(default)]
+    pub sft: crate::sft::SftConfig,
+}
+
 /// A file with its expected hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -136,6 +178,10 @@ pub struct ModelSpec {
     /// Expected sha256 over its safetensors files (see [`weights_sha256`]).
     #[serde(default)]
     pub sha256: Option<String>,
+    /// Start from random weights drawn from this seed (`path` then needs only
+    /// `config.json` and the tokenizer files).
+    #[serde(default)]
+    pub init_seed: Option<u64>,
 }
 
 /// Rollout settings.
@@ -238,6 +284,9 @@ pub struct Manifest {
     /// Learner hyper-parameters (`total_steps` is set from `rollout.steps`).
     #[serde(default)]
     pub train: TrainConfig,
+    /// An optional supervised warm start.
+    #[serde(default)]
+    pub warm_start: Option<WarmStart>,
 }
 
 /// `a/b/../c` -> `a/c`, without touching the file system.
@@ -370,14 +419,15 @@ impl Manifest {
         let workflow = check(&self.workflow, &None, "the workflow")?;
         let mut models = serde_json::Map::new();
         for (role, model) in &self.models {
-            models.insert(
-                role.clone(),
-                json!(check(
-                    &model.path,
+            let hash = match model.init_seed {
+                Some(_) => check(
+                    &model.path.join("config.json"),
                     &model.sha256,
-                    &format!("the model of {role}")
-                )?),
-            );
+                    &format!("the model config of {role}"),
+                )?,
+                None => check(&model.path, &model.sha256, &format!("the model of {role}"))?,
+            };
+            models.insert(role.clone(), json!(hash));
         }
         let data = match &self.data {
             DataSpec::GeneratedMath { .. } | DataSpec::GeneratedTabular { .. } => {

@@ -16,23 +16,24 @@ use std::path::{Path, PathBuf};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
-use mappa_agents::{Policy, RolloutEngine, TaskInput, Trajectory, Workflow};
+use mappa_agents::{Policy, RemotePolicy, RolloutEngine, TaskInput, Trajectory, Workflow};
 use mappa_core::rng::SeedTree;
 use mappa_env::datasets::{check_disjoint, normalize_problem_text, MathDataset};
-use mappa_env::math_tasks::generate_mix;
+use mappa_env::math_tasks::{generate_mix_of, Tier};
 use mappa_env::sandbox::{Sandbox, SandboxConfig};
 use mappa_env::tabular::{
     evaluate as evaluate_submission, generate_task, FairSummary, Outcome, SpecKind, TabularTask,
     TaskSpec,
 };
 use mappa_judge::cache::CacheMode;
+use mappa_judge::openai::OpenAiConfig;
 use mappa_judge::{ActionScore, Coach, KnownSolution};
 use mappa_model::weights::load_transformer;
-use mappa_model::{ChatTemplate, GenerationConfig, HfTokenizer, SamplingConfig};
+use mappa_model::{ChatTemplate, GenerationConfig, HfTokenizer, SamplingConfig, TransformerConfig};
 use serde_json::{json, Value};
 
 use crate::checkpoint::{load_checkpoint, save_checkpoint, TrainerState};
-use crate::manifest::{DataSpec, Manifest};
+use crate::manifest::{CheckpointKind, DataSpec, Manifest};
 use crate::step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
 use crate::{AgentLearner, ModelPolicy, TrainError};
 
@@ -182,15 +183,23 @@ pub fn load_tasks(manifest: &Manifest, data_dir: &Path) -> Result<Tasks, TrainEr
             let eval = generated_tabular(data_dir, *eval, seed.wrapping_add(1_000_003), "eval")?;
             Ok(tabular_tasks(train, eval))
         }
-        DataSpec::GeneratedMath { train, eval, seed } => {
-            let train_problems = generate_mix(*train, *seed);
+        DataSpec::GeneratedMath {
+            train,
+            eval,
+            seed,
+            coach_checkpoints,
+            instruction,
+            tiers,
+        } => {
+            let tiers = tiers.as_deref().unwrap_or(&Tier::ALL);
+            let train_problems = generate_mix_of(tiers, *train, *seed);
             let seen: HashSet<String> = train_problems
                 .iter()
                 .map(|p| normalize_problem_text(&p.prompt))
                 .collect();
             let eval_seed = SeedTree::new(*seed).stream("data/eval-seed").next_u64();
             // Draw extra and drop any that repeat a training problem.
-            let eval_problems: Vec<_> = generate_mix(*eval * 2 + 8, eval_seed)
+            let eval_problems: Vec<_> = generate_mix_of(tiers, *eval * 2 + 8, eval_seed)
                 .into_iter()
                 .filter(|p| !seen.contains(&normalize_problem_text(&p.prompt)))
                 .take(*eval)
@@ -204,12 +213,19 @@ pub fn load_tasks(manifest: &Manifest, data_dir: &Path) -> Result<Tasks, TrainEr
             let task = |group: usize, p: &mappa_env::math_tasks::GeneratedProblem| TaskInput {
                 id: p.id.clone(),
                 group,
-                text: p.prompt.clone(),
+                text: if *instruction {
+                    p.prompt.clone()
+                } else {
+                    p.statement().to_string()
+                },
                 ground_truth: Some(p.answer.to_string()),
                 solution: Some(KnownSolution {
                     task_kind: "math".into(),
                     answer: Some(p.answer.to_string()),
-                    checkpoints: p.steps.clone(),
+                    checkpoints: match coach_checkpoints {
+                        CheckpointKind::Steps => p.steps.clone(),
+                        CheckpointKind::Expression => vec![p.expression().to_string()],
+                    },
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -273,6 +289,104 @@ fn epoch_order(seeds: &SeedTree, epoch: u64, n: usize) -> Vec<usize> {
         order.swap(i, rng.below(i as u64 + 1) as usize);
     }
     order
+}
+
+/// The outcome of a trajectory (1 or 0) and, for tabular tasks, the
+/// submission's evaluation (whose metrics the last agent's coach sees).
+fn grade(
+    workflow: &Workflow,
+    tabular: &BTreeMap<String, TabularTask>,
+    task: &TaskInput,
+    trajectory: &Trajectory,
+) -> Result<(f64, Option<Outcome>), TrainError> {
+    if let Some(tabular) = tabular.get(&task.id) {
+        let submission = trajectory
+            .workdir
+            .join(&workflow.final_answer_from)
+            .join("submission.csv");
+        let outcome = evaluate_submission(tabular, Some(&submission))
+            .map_err(|e| TrainError::Input(format!("grading {}: {e}", task.id)))?;
+        return Ok((outcome.success as u8 as f64, Some(outcome)));
+    }
+    let correct = match (&task.ground_truth, &trajectory.final_output) {
+        (Some(gold), Some(output)) => mappa_env::math::grade_response(gold, output, false).correct,
+        _ => false,
+    };
+    Ok((correct as u8 as f64, None))
+}
+
+/// An evaluation line: accuracy over `trajectories`, plus DSBench's fair metrics for tabular tasks.
+fn eval_line(
+    step: usize,
+    workflow: &Workflow,
+    tabular: &BTreeMap<String, TabularTask>,
+    tasks: &[TaskInput],
+    trajectories: &[Trajectory],
+) -> Result<Value, TrainError> {
+    let by_id: BTreeMap<&str, &TaskInput> = tasks.iter().map(|t| (t.id.as_str(), t)).collect();
+    let mut correct = 0.0;
+    let mut outcomes = Vec::new();
+    for t in trajectories {
+        let (value, outcome) = grade(workflow, tabular, by_id[t.task_id.as_str()], t)?;
+        correct += value;
+        outcomes.extend(outcome);
+    }
+    let mut line = json!({
+        "step": step,
+        "kind": "eval",
+        "accuracy": correct / trajectories.len().max(1) as f64,
+        "trajectories": trajectories.len(),
+    });
+    if !outcomes.is_empty() {
+        line["tabular"] = serde_json::to_value(FairSummary::from_outcomes(&outcomes))
+            .expect("summary serialises");
+    }
+    Ok(line)
+}
+
+/// Evaluate a served model (an OpenAI-compatible endpoint: vLLM, SGLang,
+/// llama.cpp, Ollama, a hosted API) as every agent of the manifest's
+/// workflow, on its held-out tasks; appends to `out_dir/eval.jsonl`.
+pub fn evaluate_remote(
+    manifest: &Manifest,
+    out_dir: &Path,
+    endpoint: OpenAiConfig,
+) -> Result<Value, TrainError> {
+    let workflow =
+        Workflow::load(&manifest.workflow).map_err(|e| TrainError::Config(e.to_string()))?;
+    let tasks = load_tasks(manifest, &out_dir.join("data"))?;
+    if tasks.eval.is_empty() {
+        return Err(TrainError::Config(
+            "data: no held-out tasks to evaluate".into(),
+        ));
+    }
+    let sandbox =
+        Sandbox::new(SandboxConfig::discover().map_err(|e| TrainError::Config(e.to_string()))?)
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+    let policy = RemotePolicy::new(
+        endpoint,
+        manifest.eval.temperature,
+        manifest.rollout.max_new_tokens as u32,
+        8,
+    )
+    .map_err(|e| TrainError::Config(e.to_string()))?;
+    let policies: Vec<&dyn Policy> = workflow
+        .agents
+        .iter()
+        .map(|_| &policy as &dyn Policy)
+        .collect();
+    let work = out_dir.join("work").join("eval-remote");
+    let engine = RolloutEngine::new(&workflow, policies, &sandbox, &work)
+        .map_err(|e| TrainError::Input(e.to_string()))?;
+    let trajectories = engine
+        .run(&tasks.eval, manifest.eval.samples)
+        .map_err(|e| TrainError::Input(e.to_string()))?;
+    let mut line = eval_line(0, &workflow, &tasks.tabular, &tasks.eval, &trajectories)?;
+    line["policy"] = json!(policy.name());
+    remove_work(&work)?;
+    let _ = std::fs::remove_dir(out_dir.join("work"));
+    append_jsonl(&out_dir.join("eval.jsonl"), std::slice::from_ref(&line))?;
+    Ok(line)
 }
 
 /// Delete a rollout's working directories.
@@ -409,47 +523,15 @@ where
         task: &TaskInput,
         trajectory: &Trajectory,
     ) -> Result<(f64, Option<Outcome>), TrainError> {
-        if let Some(tabular) = self.tabular.get(&task.id) {
-            let submission = trajectory
-                .workdir
-                .join(&self.workflow.final_answer_from)
-                .join("submission.csv");
-            let outcome = evaluate_submission(tabular, Some(&submission))
-                .map_err(|e| TrainError::Input(format!("grading {}: {e}", task.id)))?;
-            return Ok((outcome.success as u8 as f64, Some(outcome)));
-        }
-        let correct = match (&task.ground_truth, &trajectory.final_output) {
-            (Some(gold), Some(output)) => {
-                mappa_env::math::grade_response(gold, output, false).correct
-            }
-            _ => false,
-        };
-        Ok((correct as u8 as f64, None))
+        grade(&self.workflow, &self.tabular, task, trajectory)
     }
 
     fn evaluate(&self, step: usize, eval: &[TaskInput]) -> Result<Value, TrainError> {
         let e = &self.manifest.eval;
         let (trajectories, work) =
             self.rollout(eval, e.samples, e.temperature, &format!("eval/step-{step}"))?;
-        let by_id: BTreeMap<&str, &TaskInput> = eval.iter().map(|t| (t.id.as_str(), t)).collect();
-        let mut correct = 0.0;
-        let mut outcomes = Vec::new();
-        for t in &trajectories {
-            let (value, outcome) = self.grade(by_id[t.task_id.as_str()], t)?;
-            correct += value;
-            outcomes.extend(outcome);
-        }
+        let line = eval_line(step, &self.workflow, &self.tabular, eval, &trajectories)?;
         remove_work(&work)?;
-        let mut line = json!({
-            "step": step,
-            "kind": "eval",
-            "accuracy": correct / trajectories.len().max(1) as f64,
-            "trajectories": trajectories.len(),
-        });
-        if !outcomes.is_empty() {
-            line["tabular"] = serde_json::to_value(FairSummary::from_outcomes(&outcomes))
-                .expect("summary serialises");
-        }
         Ok(line)
     }
 
@@ -616,17 +698,45 @@ where
     let workflow =
         Workflow::load(&manifest.workflow).map_err(|e| TrainError::Config(e.to_string()))?;
     let tasks = load_tasks(manifest, &run_dir.join("data"))?;
-    let mut models = Vec::new();
-    let mut learners = Vec::new();
+    let sandbox =
+        Sandbox::new(SandboxConfig::discover().map_err(|e| TrainError::Config(e.to_string()))?)
+            .map_err(|e| TrainError::Config(e.to_string()))?;
+    // Each role's starting model: a checkpoint, or random weights from a seed.
+    let mut sources = BTreeMap::new();
     for agent in &workflow.agents {
         let spec = manifest.models.get(&agent.role).ok_or_else(|| {
             TrainError::Config(format!("models: no model for role {:?}", agent.role))
         })?;
         let model_err =
             |e: &dyn std::fmt::Display| TrainError::Model(format!("{}: {e}", spec.path.display()));
-        let tokenizer = HfTokenizer::from_dir(&spec.path).map_err(|e| model_err(&e))?;
+        let model = match spec.init_seed {
+            Some(seed) => TransformerConfig::from_hf_file(&spec.path.join("config.json"))
+                .map_err(|e| model_err(&e))?
+                .init::<B>(seed, device),
+            None => load_transformer::<B>(&spec.path, device).map_err(|e| model_err(&e))?,
+        };
+        sources.insert(agent.role.clone(), (model, spec.path.clone()));
+    }
+    if let Some(warm) = &manifest.warm_start {
+        let resolved = manifest.resolve()?;
+        let cache_root = run_dir.parent().unwrap_or(run_dir).join(".warm-start");
+        let dir = crate::warm_start::cache_dir(manifest, &resolved, &cache_root);
+        let tuned = crate::warm_start::ensure(manifest, warm, &workflow, sources, &sandbox, &dir)?;
+        sources = BTreeMap::new();
+        for (role, path) in tuned {
+            let model = load_transformer::<B>(&path, device)
+                .map_err(|e| TrainError::Model(format!("{}: {e}", path.display())))?;
+            sources.insert(role, (model, path));
+        }
+    }
+    let mut models = Vec::new();
+    let mut learners = Vec::new();
+    for agent in &workflow.agents {
+        let (policy, path) = sources.remove(&agent.role).expect("every role has a model");
+        let model_err =
+            |e: &dyn std::fmt::Display| TrainError::Model(format!("{}: {e}", path.display()));
+        let tokenizer = HfTokenizer::from_dir(&path).map_err(|e| model_err(&e))?;
         let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(|e| model_err(&e))?;
-        let policy = load_transformer::<B>(&spec.path, device).map_err(|e| model_err(&e))?;
         learners.push(AgentLearner::new(
             &agent.role,
             policy,
@@ -650,9 +760,6 @@ where
     } else {
         None
     };
-    let sandbox =
-        Sandbox::new(SandboxConfig::discover().map_err(|e| TrainError::Config(e.to_string()))?)
-            .map_err(|e| TrainError::Config(e.to_string()))?;
     let dir = RunDir {
         root: run_dir.to_path_buf(),
     };

@@ -437,7 +437,9 @@ pub(super) fn run(
 
     let mut cmd = Command::new(&config.python);
     cmd.arg("-s")
-        .arg(&program)
+        // Relative to the working directory, so that tracebacks do not show
+        // where the run directory is (outputs stay the same wherever a run lives).
+        .arg(Path::new(PRIVATE_DIR).join("main.py"))
         .current_dir(&workdir)
         .env_clear()
         .envs(environment(&config.python, &workdir, &tmp))

@@ -1,0 +1,283 @@
+//! The supervised warm start of CPU-scale experiments: a scripted teacher
+//! runs the workflow on training problems, making mistakes at a set rate per
+//! role; each agent's model is fine-tuned on its role's demonstrations. The
+//! result is an imperfect starting system whose errors come from known
+//! agents. Tuned models are cached under a hash of everything they depend
+//! on, so repeated runs (other seeds, other credit arms) reuse them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use burn::tensor::backend::AutodiffBackend;
+use mappa_agents::{PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Workflow};
+use mappa_core::hash::sha256_hex;
+use mappa_core::rng::SeedTree;
+use mappa_env::math_tasks::{generate_mix_of, GeneratedProblem, Tier};
+use mappa_env::sandbox::Sandbox;
+use mappa_model::weights::save_transformer;
+use mappa_model::{
+    ChatMessage, ChatRequest, ChatTemplate, HfTokenizer, StorageDtype, Tokenizer, Transformer,
+};
+use serde_json::{json, Value};
+
+use crate::manifest::{DataSpec, Manifest, WarmStart};
+use crate::sft::supervised_finetune;
+use crate::TrainError;
+
+/// Files copied next to the tuned weights so that the directory is a full checkpoint.
+const TOKENIZER_FILES: [&str; 3] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+];
+
+/// Change one number of `text` by a small non-zero amount (a plausible slip).
+fn perturb_number(text: &str, rng: &mut mappa_core::rng::RngStream) -> String {
+    let mut spans = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            spans.push((start, i));
+        } else {
+            i += 1;
+        }
+    }
+    let Some(&(start, end)) = spans.get(rng.below(spans.len().max(1) as u64) as usize) else {
+        return format!("{text}1");
+    };
+    let value: i64 = text[start..end].parse().unwrap_or(0);
+    let delta = [1i64, -1, 2, -2, 3][rng.below(5) as usize];
+    let new = if value + delta < 0 {
+        value + 1
+    } else {
+        value + delta
+    };
+    format!("{}{new}{}", &text[..start], &text[end..])
+}
+
+/// The arith teacher's policies: the Problem Solver plans with the Python
+/// expression, the Code Executor prints the planned expression, the
+/// Verifier boxes the printed value; each slips at its role's error rate.
+fn arith_teacher(
+    problems: Arc<Vec<GeneratedProblem>>,
+    error_rates: &BTreeMap<String, f64>,
+    seeds: SeedTree,
+) -> [ScriptedPolicy; 3] {
+    let rate = |role: &str| error_rates.get(role).copied().unwrap_or(0.0);
+    let slips = move |r: &PolicyRequest| seeds.stream(&format!("teacher/{}", r.stream));
+    let find =
+        move |problems: &[GeneratedProblem], r: &PolicyRequest| -> Option<GeneratedProblem> {
+            let user = &r.messages.get(1)?.content;
+            problems
+                .iter()
+                .find(|p| user.contains(p.statement()))
+                .cloned()
+        };
+    let (p1, p2) = (problems.clone(), problems);
+    let (r1, r2, r3) = (
+        rate("problem_solver"),
+        rate("code_executor"),
+        rate("verifier"),
+    );
+    let solver = ScriptedPolicy::new("arith-teacher-solver", move |r| {
+        let Some(p) = find(&p1, r) else {
+            return "Plan: ?".into();
+        };
+        let mut rng = slips(r);
+        let expr = if rng.uniform() < r1 {
+            perturb_number(p.expression(), &mut rng)
+        } else {
+            p.expression().to_string()
+        };
+        format!("Plan: {expr}")
+    });
+    let executor = ScriptedPolicy::new("arith-teacher-executor", move |r| {
+        let user = &r.messages[1].content;
+        let plan = user
+            .lines()
+            .find_map(|l| l.strip_prefix("Plan: "))
+            .unwrap_or("0")
+            .to_string();
+        let preamble = find(&p2, r).map(|p| p.preamble()).unwrap_or_default();
+        let mut rng = slips(r);
+        let expr = if rng.uniform() < r2 {
+            perturb_number(&plan, &mut rng)
+        } else {
+            plan
+        };
+        format!("```python\n{preamble}print({expr})\n```")
+    });
+    let verifier = ScriptedPolicy::new("arith-teacher-verifier", move |r| {
+        let user = &r.messages[1].content;
+        let printed = user
+            .split("Output:\n")
+            .nth(1)
+            .and_then(|s| s.lines().next())
+            .unwrap_or("0")
+            .trim()
+            .to_string();
+        let mut rng = slips(r);
+        let value = if rng.uniform() < r3 {
+            perturb_number(&printed, &mut rng)
+        } else {
+            printed
+        };
+        format!("\\boxed{{{value}}}")
+    });
+    [solver, executor, verifier]
+}
+
+/// Tokenise one demonstration: the rendered conversation, and the completion with EOS.
+fn encode(
+    messages: &[mappa_agents::Message],
+    text: &str,
+    tokenizer: &HfTokenizer,
+    template: &ChatTemplate,
+) -> Result<(Vec<u32>, Vec<u32>), TrainError> {
+    let model_err = |e: mappa_model::ModelError| TrainError::Model(e.to_string());
+    let chat: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| ChatMessage::new(&m.role, &m.content))
+        .collect();
+    let prompt = template
+        .render(&ChatRequest {
+            messages: &chat,
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .map_err(model_err)?;
+    let mut completion = tokenizer.encode(text).map_err(model_err)?;
+    completion.extend(tokenizer.eos_token_ids().first());
+    Ok((tokenizer.encode(&prompt).map_err(model_err)?, completion))
+}
+
+/// The directory of the tuned models for this manifest (under `cache_root`).
+pub fn cache_dir(manifest: &Manifest, resolved: &Value, cache_root: &Path) -> PathBuf {
+    let key = json!({
+        "warm_start": manifest.warm_start,
+        "models": manifest.models.iter().map(|(r, m)| (r.clone(), json!({ "init_seed": m.init_seed }))).collect::<BTreeMap<_, _>>(),
+        "resolved": resolved,
+        "data": manifest.data,
+    });
+    cache_root.join(format!(
+        "warm-start-{}",
+        &sha256_hex(key.to_string().as_bytes())[..16]
+    ))
+}
+
+/// Make (or reuse) the warm-started model of every role; returns their directories.
+pub fn ensure<B: AutodiffBackend>(
+    manifest: &Manifest,
+    warm: &WarmStart,
+    workflow: &Workflow,
+    initial: BTreeMap<String, (Transformer<B>, PathBuf)>,
+    sandbox: &Sandbox,
+    dir: &Path,
+) -> Result<BTreeMap<String, PathBuf>, TrainError> {
+    let roles: Vec<String> = workflow.agents.iter().map(|a| a.role.clone()).collect();
+    let out: BTreeMap<String, PathBuf> = roles.iter().map(|r| (r.clone(), dir.join(r))).collect();
+    if dir.join("done.json").exists() {
+        return Ok(out);
+    }
+    let DataSpec::GeneratedMath {
+        train,
+        seed,
+        instruction,
+        tiers,
+        ..
+    } = &manifest.data
+    else {
+        return Err(TrainError::Config(
+            "warm_start: the arith teacher needs data.kind = \"generated_math\"".into(),
+        ));
+    };
+    if warm.teacher != "arith" || roles != ["problem_solver", "code_executor", "verifier"] {
+        return Err(TrainError::Config(format!(
+            "warm_start.teacher = {:?}: only \"arith\" exists, for the problem_solver -> code_executor -> verifier workflow",
+            warm.teacher
+        )));
+    }
+    let problems = Arc::new(generate_mix_of(
+        tiers.as_deref().unwrap_or(&Tier::ALL),
+        *train,
+        *seed,
+    ));
+    let tasks: Vec<TaskInput> = problems
+        .iter()
+        .enumerate()
+        .map(|(group, p)| TaskInput {
+            id: p.id.clone(),
+            group,
+            text: if *instruction {
+                p.prompt.clone()
+            } else {
+                p.statement().to_string()
+            },
+            ..Default::default()
+        })
+        .collect();
+    let teacher = arith_teacher(
+        problems.clone(),
+        &warm.error_rates,
+        SeedTree::new(warm.sft.seed),
+    );
+    let work = dir.with_extension("work");
+    let engine = RolloutEngine::new(
+        workflow,
+        teacher
+            .iter()
+            .map(|p| p as &dyn mappa_agents::Policy)
+            .collect(),
+        sandbox,
+        &work,
+    )
+    .map_err(|e| TrainError::Input(e.to_string()))?;
+    let samples = warm.demonstrations.div_ceil(tasks.len().max(1)).max(1);
+    let trajectories = engine
+        .run(&tasks, samples)
+        .map_err(|e| TrainError::Input(e.to_string()))?;
+    let _ = std::fs::remove_dir_all(&work);
+
+    let mut report = serde_json::Map::new();
+    for (agent, role) in roles.iter().enumerate() {
+        let (model, source) = initial
+            .get(role)
+            .ok_or_else(|| TrainError::Config(format!("warm_start: no model for {role}")))?;
+        let tokenizer =
+            HfTokenizer::from_dir(source).map_err(|e| TrainError::Model(e.to_string()))?;
+        let template = ChatTemplate::from_tokenizer(&tokenizer)
+            .map_err(|e| TrainError::Model(e.to_string()))?;
+        let demos = trajectories
+            .iter()
+            .flat_map(|t| t.actions.iter().filter(|a| a.agent == agent))
+            .take(warm.demonstrations)
+            .map(|a| encode(&a.messages, &a.text, &tokenizer, &template))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (tuned, losses) = supervised_finetune(model.clone(), &demos, &warm.sft)?;
+        let target = &out[role];
+        save_transformer(&tuned, target, StorageDtype::F32)
+            .map_err(|e| TrainError::Model(e.to_string()))?;
+        for file in TOKENIZER_FILES {
+            if source.join(file).exists() {
+                std::fs::copy(source.join(file), target.join(file))
+                    .map_err(|e| TrainError::Model(format!("{file}: {e}")))?;
+            }
+        }
+        report.insert(
+            role.clone(),
+            json!({ "demonstrations": demos.len(), "epoch_losses": losses }),
+        );
+    }
+    mappa_core::fs::write_atomic(
+        &dir.join("done.json"),
+        Value::Object(report).to_string().as_bytes(),
+    )
+    .map_err(|e| TrainError::Model(e.to_string()))?;
+    Ok(out)
+}
