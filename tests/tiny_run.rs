@@ -170,3 +170,40 @@ fn replay_from_the_coach_cache_needs_no_coach() {
         "scores came from the judge"
     );
 }
+
+#[test]
+fn warm_start_is_trained_once_and_reused() {
+    let mut manifest = Manifest::load(&root().join("experiments/arith.toml")).unwrap();
+    if let mappa_train::manifest::DataSpec::GeneratedMath { train, eval, .. } = &mut manifest.data {
+        *train = 6;
+        *eval = 2;
+    }
+    let warm = manifest.warm_start.as_mut().unwrap();
+    warm.demonstrations = 6;
+    warm.sft.epochs = 1;
+    manifest.rollout.steps = 1;
+    manifest.rollout.prompts_per_step = 2;
+    manifest.rollout.samples_per_prompt = 1;
+    manifest.rollout.max_new_tokens = 12;
+    manifest.train.total_steps = 1;
+    let runs = scratch();
+    let first = run_in(&runs.path().join("a"), &manifest, &RunOptions::default());
+    let cache: Vec<PathBuf> = std::fs::read_dir(runs.path().join(".warm-start"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(cache.len(), 1, "{cache:?}");
+    let done = cache[0].join("done.json");
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&done).unwrap()).unwrap();
+    assert_eq!(report["verifier"]["demonstrations"], 6);
+    let stamp = std::fs::metadata(&done).unwrap().modified().unwrap();
+    let second = run_in(&runs.path().join("b"), &manifest, &RunOptions::default());
+    assert_eq!(
+        std::fs::metadata(&done).unwrap().modified().unwrap(),
+        stamp,
+        "the cached warm start was reused"
+    );
+    assert_eq!(first, second);
+    assert!(cache[0].join("verifier/model.safetensors").exists());
+}
