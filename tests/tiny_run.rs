@@ -6,8 +6,6 @@
 //! show it is deterministic, and replayed from a coach cache with no coach
 //! reachable.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -99,34 +97,13 @@ fn tiny_run_is_deterministic_and_pinned() {
 
 /// An OpenAI-compatible judge whose score depends only on the prompt's length.
 fn fake_judge() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut length, mut line) = (0usize, String::new());
-            while reader.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-                line.clear();
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let content = format!(
-                "Judged.\nPROCESS_SCORE: {}\nANSWER_CORRECT: 0",
-                body.len() % 11
-            );
-            let reply = serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string();
-            let mut stream = stream;
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-        }
-    });
-    url
+    mappa_judge::testing::serve(|request| {
+        let length = request.body.to_string().len();
+        mappa_judge::testing::Reply::content(&format!(
+            "Judged.\nPROCESS_SCORE: {}\nANSWER_CORRECT: 0",
+            length % 11
+        ))
+    })
 }
 
 #[test]

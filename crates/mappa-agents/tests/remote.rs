@@ -1,8 +1,6 @@
 //! A served model as a policy: the MathChat workflow against a local
 //! OpenAI-compatible server.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -12,40 +10,17 @@ use mappa_judge::openai::OpenAiConfig;
 
 /// Replies by role: the executor writes code once, the verifier answers 42.
 fn serve() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut length, mut line) = (0usize, String::new());
-            while reader.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-                line.clear();
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let system = request["messages"][0]["content"].as_str().unwrap();
-            let turns = request["messages"].as_array().unwrap().len();
-            let content = if system.contains("Code Executor") && turns == 2 {
-                "```python\nprint(6 * 7)\n```"
-            } else if system.contains("Verifier") {
-                "The code printed 42, so \\boxed{42}."
-            } else {
-                "6 times 7 is 42."
-            };
-            let reply = serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string();
-            let mut stream = stream;
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-        }
-    });
-    url
+    mappa_judge::testing::serve(|request| {
+        let system = request.message(0);
+        let content = if system.contains("Code Executor") && request.turns() == 2 {
+            "```python\nprint(6 * 7)\n```"
+        } else if system.contains("Verifier") {
+            "The code printed 42, so \\boxed{42}."
+        } else {
+            "6 times 7 is 42."
+        };
+        mappa_judge::testing::Reply::content(content)
+    })
 }
 
 #[test]

@@ -2,11 +2,10 @@
 //! OpenAI-compatible server, with a scripted coach, and with a local
 //! checkpoint as judge.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
 
+use mappa_judge::testing::Reply;
 use serde_json::Value;
 
 fn mappa() -> Command {
@@ -20,41 +19,13 @@ fn workspace() -> &'static Path {
 /// An OpenAI-compatible endpoint that scores the verifier 9 (answer correct)
 /// and every other role 7; returns the base URL.
 fn serve() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut length = 0;
-            let mut line = String::new();
-            while reader.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-                line.clear();
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let text = String::from_utf8(body).unwrap();
-            let content = if text.contains("Agent being judged: Verifier") {
-                "Checked and right.\nPROCESS_SCORE: 9\nANSWER_CORRECT: 1"
-            } else {
-                "Reasonable step.\nPROCESS_SCORE: 7"
-            };
-            let reply = serde_json::json!({
-                "choices": [{"message": {"role": "assistant", "content": content}}],
-                "usage": {"prompt_tokens": 50, "completion_tokens": 10},
-            })
-            .to_string();
-            let mut stream = stream;
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
+    mappa_judge::testing::serve(|request| {
+        if request.message(1).contains("Agent being judged: Verifier") {
+            Reply::content("Checked and right.\nPROCESS_SCORE: 9\nANSWER_CORRECT: 1")
+        } else {
+            Reply::content("Reasonable step.\nPROCESS_SCORE: 7")
         }
-    });
-    url
+    })
 }
 
 fn actions_file(dir: &Path) -> std::path::PathBuf {

@@ -337,40 +337,16 @@ fn the_dsbench_pipeline_runs_end_to_end_on_generated_tasks() {
     );
 }
 
-/// A served "model" for `mappa eval --remote-url`: prints the answer from Python and boxes it.
+/// A served "model" for `mappa eval --remote-url`: prints 7 from Python and boxes it.
 fn served_model() -> String {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut length, mut line) = (0usize, String::new());
-            while reader.read_line(&mut line).unwrap() > 0 && line != "\r\n" {
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-                line.clear();
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let request: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let system = request["messages"][0]["content"].as_str().unwrap();
-            let content = if system.contains("Code Executor") {
-                "```python\nprint(7)\n```"
-            } else {
-                "\\boxed{7}"
-            };
-            let reply = serde_json::json!({"choices": [{"message": {"role": "assistant", "content": content}}]}).to_string();
-            let mut stream = stream;
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
-        }
-    });
-    url
+    mappa_judge::testing::serve(|request| {
+        let content = if request.message(0).contains("Code Executor") {
+            "```python\nprint(7)\n```"
+        } else {
+            "\\boxed{7}"
+        };
+        mappa_judge::testing::Reply::content(content)
+    })
 }
 
 #[test]

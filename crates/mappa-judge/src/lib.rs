@@ -14,6 +14,7 @@
 //! - [`scripted`]: simulated coaches for generated tasks, scoring from the
 //!   known solution; their names and outputs say "scripted".
 //! - [`cache`]: the SQLite record/replay cache.
+//! - `testing` (feature `testing`): a local OpenAI-compatible server for tests.
 //! - [`config`]: `COACH.toml`, as read by `mappa coach score`.
 
 pub mod cache;
@@ -26,6 +27,8 @@ pub mod openai;
 pub mod parse;
 pub mod rubric;
 pub mod scripted;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::collections::BTreeMap;
 

@@ -4,14 +4,11 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use mappa_judge::testing::{serve, Reply, Request};
 use mappa_judge::ActionContext;
-use serde_json::{json, Value};
 
 /// The fake API key the tests set; no file may contain it.
 pub const FAKE_KEY: &str = "sk-mappa-test-FAKE-KEY-1234567890";
@@ -34,16 +31,9 @@ pub struct FakeServer {
 
 impl FakeServer {
     pub fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let base_url = format!("http://{}/v1", listener.local_addr().unwrap());
         let log = Arc::new(Mutex::new(Vec::new()));
         let shared = log.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let log = shared.clone();
-                std::thread::spawn(move || handle(stream, log));
-            }
-        });
+        let base_url = serve(move |request| respond(request, &shared));
         Self { base_url, log }
     }
 
@@ -62,90 +52,46 @@ impl FakeServer {
     }
 }
 
-fn handle(mut stream: TcpStream, log: Arc<Mutex<Vec<Seen>>>) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut headers = BTreeMap::new();
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    loop {
-        line.clear();
-        if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
-            break;
-        }
-        if let Some((k, v)) = line.trim_end().split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-    }
-    let len: usize = headers
-        .get("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = vec![0; len];
-    reader.read_exact(&mut body).unwrap();
-    let request: Value = serde_json::from_slice(&body).unwrap();
-    let messages = request["messages"].as_array().unwrap();
-    let user = messages[1]["content"].as_str().unwrap();
-    let scenario = user
+fn respond(request: &Request, log: &Mutex<Vec<Seen>>) -> Reply {
+    let scenario = request
+        .message(1)
         .split_whitespace()
         .find_map(|w| w.strip_prefix("SCENARIO="))
         .unwrap_or("good")
         .to_string();
-    let reprompt = messages.len() > 2;
+    let reprompt = request.turns() > 2;
     let attempt = {
         let mut log = log.lock().unwrap();
         log.push(Seen {
             scenario: scenario.clone(),
             reprompt,
-            authorization: headers.get("authorization").cloned(),
+            authorization: request.headers.get("authorization").cloned(),
         });
         log.iter().filter(|s| s.scenario == scenario).count()
     };
-    let reply = |content: &str| {
-        json!({
-            "id": "x",
-            "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
-        })
-        .to_string()
-    };
-    let (status, extra, body) = match (scenario.as_str(), attempt) {
-        ("good", _) => (
-            200,
-            "",
-            reply("The step is right and clear.\nPROCESS_SCORE: 8"),
-        ),
-        ("verdict", _) => (
-            200,
-            "",
-            reply("Correct final answer.\nPROCESS_SCORE: 9\nANSWER_CORRECT: 1"),
-        ),
-        ("malformed-then-good", _) if !reprompt => (200, "", reply("I would rate this highly.")),
-        ("malformed-then-good", _) => (200, "", reply("Fine.\nPROCESS_SCORE: 6")),
-        ("always-malformed", _) => (200, "", reply("No score from me.")),
-        ("rate-limited", 1) => (
-            429,
-            "Retry-After: 1\r\n",
-            "{\"error\": \"slow down\"}".to_string(),
-        ),
-        ("rate-limited", _) => (200, "", reply("PROCESS_SCORE: 7")),
-        ("server-error", _) => (500, "", "{\"error\": \"boom\"}".to_string()),
-        ("slow", 1) => {
-            std::thread::sleep(Duration::from_secs(5));
-            (200, "", reply("PROCESS_SCORE: 1"))
+    match (scenario.as_str(), attempt) {
+        ("good", _) => Reply::content("The step is right and clear.\nPROCESS_SCORE: 8"),
+        ("verdict", _) => {
+            Reply::content("Correct final answer.\nPROCESS_SCORE: 9\nANSWER_CORRECT: 1")
         }
-        ("slow", _) => (200, "", reply("PROCESS_SCORE: 4")),
-        ("truncated", 1) => (200, "", reply("PROCESS_SCORE: 2")[..40].to_string()),
-        ("truncated", _) => (200, "", reply("PROCESS_SCORE: 3")),
-        ("unauthorized", _) => (401, "", "{\"error\": \"bad key\"}".to_string()),
+        ("malformed-then-good", _) if !reprompt => Reply::content("I would rate this highly."),
+        ("malformed-then-good", _) => Reply::content("Fine.\nPROCESS_SCORE: 6"),
+        ("always-malformed", _) => Reply::content("No score from me."),
+        ("rate-limited", 1) => {
+            Reply::raw(429, "{\"error\": \"slow down\"}").header("Retry-After", "1")
+        }
+        ("rate-limited", _) => Reply::content("PROCESS_SCORE: 7"),
+        ("server-error", _) => Reply::raw(500, "{\"error\": \"boom\"}"),
+        ("slow", 1) => Reply::content("PROCESS_SCORE: 1").after(Duration::from_secs(5)),
+        ("slow", _) => Reply::content("PROCESS_SCORE: 4"),
+        ("truncated", 1) => {
+            let full = Reply::content("PROCESS_SCORE: 2");
+            Reply::raw(200, &full.body[..40])
+        }
+        ("truncated", _) => Reply::content("PROCESS_SCORE: 3"),
+        ("unauthorized", _) => Reply::raw(401, "{\"error\": \"bad key\"}"),
         (other, _) => panic!("unknown scenario {other}"),
-    };
-    let head = format!(
-        "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
-        body.len()
-    );
-    let _ = stream.write_all(head.as_bytes());
-    let _ = stream.write_all(body.as_bytes());
+    }
 }
 
 /// An action whose task names a scenario.
