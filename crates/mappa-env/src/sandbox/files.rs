@@ -39,39 +39,54 @@ pub(crate) type Snapshot = BTreeMap<String, (u64, u128)>;
 /// Symlinks are recorded, never followed.
 pub(crate) fn snapshot(root: &Path) -> Result<Snapshot, SandboxError> {
     let mut out = Snapshot::new();
-    walk(root, "", &mut out)?;
+    for_each_file(root, &mut |rel, _, meta| {
+        let mtime = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        out.insert(rel.to_string(), (meta.len(), mtime));
+        Ok(())
+    })?;
     Ok(out)
 }
 
-fn walk(dir: &Path, prefix: &str, out: &mut Snapshot) -> Result<(), SandboxError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| SandboxError::io(dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| SandboxError::io(dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if prefix.is_empty() && name == PRIVATE_DIR {
-            continue;
+/// Call `visit(relative path, path, metadata)` for every entry that is not a
+/// directory beneath `root` (symlinks included, never followed), in no
+/// particular order, leaving out the top-level [`PRIVATE_DIR`].
+pub(crate) fn for_each_file(
+    root: &Path,
+    visit: &mut dyn FnMut(&str, &Path, &std::fs::Metadata) -> Result<(), SandboxError>,
+) -> Result<(), SandboxError> {
+    fn walk(
+        dir: &Path,
+        prefix: &str,
+        visit: &mut dyn FnMut(&str, &Path, &std::fs::Metadata) -> Result<(), SandboxError>,
+    ) -> Result<(), SandboxError> {
+        for entry in std::fs::read_dir(dir).map_err(|e| SandboxError::io(dir, e))? {
+            let entry = entry.map_err(|e| SandboxError::io(dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if prefix.is_empty() && name == PRIVATE_DIR {
+                continue;
+            }
+            let rel = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
+            let path = entry.path();
+            let meta = path
+                .symlink_metadata()
+                .map_err(|e| SandboxError::io(&path, e))?;
+            if meta.is_dir() {
+                walk(&path, &rel, visit)?;
+            } else {
+                visit(&rel, &path, &meta)?;
+            }
         }
-        let rel = if prefix.is_empty() {
-            name
-        } else {
-            format!("{prefix}/{name}")
-        };
-        let meta = entry
-            .path()
-            .symlink_metadata()
-            .map_err(|e| SandboxError::io(entry.path(), e))?;
-        if meta.is_dir() {
-            walk(&entry.path(), &rel, out)?;
-        } else {
-            let mtime = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_nanos());
-            out.insert(rel, (meta.len(), mtime));
-        }
+        Ok(())
     }
-    Ok(())
+    walk(root, "", visit)
 }
 
 /// The changes from `before` to `after`, sorted by path.

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{SandboxError, PRIVATE_DIR};
+use super::SandboxError;
 
 /// Glob patterns (`*`, `?`, `[...]`, `**`) over paths relative to an agent's
 /// directory, with `/` separators.
@@ -107,50 +107,26 @@ impl TrajectoryWorkspace {
         let source = self.agent_dir(from)?;
         let target = self.agent_dir(to)?;
         let mut passed = Vec::new();
-        copy_matching(&source, &target, "", patterns, &mut passed)?;
+        super::files::for_each_file(&source, &mut |rel, path, meta| {
+            if meta.is_file() && patterns.matches(rel) {
+                let dest = target.join(rel);
+                if let Some(parent) = dest.parent() {
+                    std::fs::create_dir_all(parent).map_err(|e| SandboxError::io(parent, e))?;
+                }
+                std::fs::copy(path, &dest).map_err(|e| SandboxError::io(path, e))?;
+                passed.push(rel.to_string());
+            }
+            Ok(())
+        })?;
         passed.sort();
         Ok(passed)
     }
 }
 
-fn copy_matching(
-    dir: &Path,
-    target: &Path,
-    prefix: &str,
-    patterns: &FilePatterns,
-    passed: &mut Vec<String>,
-) -> Result<(), SandboxError> {
-    for entry in std::fs::read_dir(dir).map_err(|e| SandboxError::io(dir, e))? {
-        let entry = entry.map_err(|e| SandboxError::io(dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if prefix.is_empty() && name == PRIVATE_DIR {
-            continue;
-        }
-        let rel = if prefix.is_empty() {
-            name
-        } else {
-            format!("{prefix}/{name}")
-        };
-        let kind = entry
-            .file_type()
-            .map_err(|e| SandboxError::io(entry.path(), e))?;
-        if kind.is_dir() {
-            copy_matching(&entry.path(), target, &rel, patterns, passed)?;
-        } else if kind.is_file() && patterns.matches(&rel) {
-            let dest = target.join(&rel);
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| SandboxError::io(parent, e))?;
-            }
-            std::fs::copy(entry.path(), &dest).map_err(|e| SandboxError::io(entry.path(), e))?;
-            passed.push(rel);
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::PRIVATE_DIR;
 
     #[test]
     fn hand_off_copies_only_matching_regular_files() {
