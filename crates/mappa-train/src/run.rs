@@ -721,7 +721,15 @@ where
         let resolved = manifest.resolve()?;
         let cache_root = run_dir.parent().unwrap_or(run_dir).join(".warm-start");
         let dir = crate::warm_start::cache_dir(manifest, &resolved, &cache_root);
-        let tuned = crate::warm_start::ensure(manifest, warm, &workflow, sources, &sandbox, &dir)?;
+        let tuned = crate::warm_start::ensure(
+            manifest,
+            warm,
+            &workflow,
+            sources,
+            &tasks.eval,
+            &sandbox,
+            &dir,
+        )?;
         sources = BTreeMap::new();
         for (role, path) in tuned {
             let model = load_transformer::<B>(&path, device)

@@ -1,11 +1,11 @@
 //! The supervised warm start of CPU-scale experiments: a scripted teacher
-//! runs the workflow on training problems, making mistakes at a set rate per
+//! runs the workflow on a pool of generated problems of its own (none held out), making mistakes at a set rate per
 //! role; each agent's model is fine-tuned on its role's demonstrations. The
 //! result is an imperfect starting system whose errors come from known
 //! agents. Tuned models are cached under a hash of everything they depend
 //! on, so repeated runs (other seeds, other credit arms) reuse them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use burn::tensor::backend::AutodiffBackend;
 use mappa_agents::{PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Workflow};
 use mappa_core::hash::sha256_hex;
 use mappa_core::rng::SeedTree;
+use mappa_env::datasets::normalize_problem_text;
 use mappa_env::math_tasks::{generate_mix_of, GeneratedProblem, Tier};
 use mappa_env::sandbox::Sandbox;
 use mappa_model::weights::save_transformer;
@@ -177,6 +178,7 @@ pub fn ensure<B: AutodiffBackend>(
     warm: &WarmStart,
     workflow: &Workflow,
     initial: BTreeMap<String, (Transformer<B>, PathBuf)>,
+    held_out: &[TaskInput],
     sandbox: &Sandbox,
     dir: &Path,
 ) -> Result<BTreeMap<String, PathBuf>, TrainError> {
@@ -186,7 +188,6 @@ pub fn ensure<B: AutodiffBackend>(
         return Ok(out);
     }
     let DataSpec::GeneratedMath {
-        train,
         seed,
         instruction,
         tiers,
@@ -203,11 +204,25 @@ pub fn ensure<B: AutodiffBackend>(
             warm.teacher
         )));
     }
-    let problems = Arc::new(generate_mix_of(
-        tiers.as_deref().unwrap_or(&Tier::ALL),
-        *train,
-        *seed,
-    ));
+    // A pool of its own, one demonstration per problem, none of them held out:
+    // demonstrations repeated over the RL training problems teach the models
+    // to recall those problems rather than to copy numbers.
+    let held_out: HashSet<String> = held_out
+        .iter()
+        .map(|t| normalize_problem_text(&t.text))
+        .collect();
+    let pool_seed = SeedTree::new(*seed).stream("warm-start/pool").next_u64();
+    let problems = Arc::new(
+        generate_mix_of(
+            tiers.as_deref().unwrap_or(&Tier::ALL),
+            warm.demonstrations + held_out.len(),
+            pool_seed,
+        )
+        .into_iter()
+        .filter(|p| !held_out.contains(&normalize_problem_text(&p.prompt)))
+        .take(warm.demonstrations)
+        .collect::<Vec<_>>(),
+    );
     let tasks: Vec<TaskInput> = problems
         .iter()
         .enumerate()
@@ -238,9 +253,8 @@ pub fn ensure<B: AutodiffBackend>(
         &work,
     )
     .map_err(|e| TrainError::Input(e.to_string()))?;
-    let samples = warm.demonstrations.div_ceil(tasks.len().max(1)).max(1);
     let trajectories = engine
-        .run(&tasks, samples)
+        .run(&tasks, 1)
         .map_err(|e| TrainError::Input(e.to_string()))?;
     let _ = std::fs::remove_dir_all(&work);
 
