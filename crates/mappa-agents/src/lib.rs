@@ -19,7 +19,7 @@ pub mod workflow;
 pub use policy::{Message, Policy, PolicyOutput, PolicyRequest, ScriptedPolicy};
 pub use remote::RemotePolicy;
 pub use rollout::RolloutEngine;
-pub use trajectory::{ActionRecord, TaskInput, Trajectory};
+pub use trajectory::{action_contexts, ActionRecord, TaskInput, Trajectory};
 pub use workflow::{AgentSpec, Tool, Workflow};
 
 /// Errors of workflows and rollouts.

@@ -62,6 +62,19 @@ impl<'a> RolloutEngine<'a> {
 
     /// Run `samples` trajectories of every task.
     pub fn run(&self, tasks: &[TaskInput], samples: usize) -> Result<Vec<Trajectory>, AgentError> {
+        self.run_with(tasks, samples, &mut |_, _| {})
+    }
+
+    /// [`Self::run`], calling `on_agent_done(agent, actions)` as soon as an
+    /// agent has finished in every trajectory, with that agent's actions per
+    /// trajectory (trajectory index in the returned order: task by task,
+    /// `samples` each). A caller can coach them while the next agent generates.
+    pub fn run_with(
+        &self,
+        tasks: &[TaskInput],
+        samples: usize,
+        on_agent_done: &mut dyn FnMut(usize, Vec<(usize, Vec<ActionRecord>)>),
+    ) -> Result<Vec<Trajectory>, AgentError> {
         let mut running = Vec::new();
         for (t, task) in tasks.iter().enumerate() {
             for sample in 0..samples {
@@ -79,6 +92,17 @@ impl<'a> RolloutEngine<'a> {
         }
         for (k, agent) in self.workflow.agents.iter().enumerate() {
             self.run_agent(k, agent, tasks, &mut running)?;
+            let done = running
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    (
+                        i,
+                        r.actions.iter().filter(|a| a.agent == k).cloned().collect(),
+                    )
+                })
+                .collect();
+            on_agent_done(k, done);
         }
         let last = &self.workflow.final_answer_from;
         Ok(running

@@ -87,36 +87,48 @@ pub struct Trajectory {
 impl Trajectory {
     /// The coach's view of every action, in order (METHOD.md section 3).
     pub fn coach_contexts(&self, workflow: &Workflow, task: &TaskInput) -> Vec<ActionContext> {
-        let last_agent = workflow.agents.len() - 1;
-        let data_task = workflow.coach_domain == "dsbench";
-        self.actions
-            .iter()
-            .map(|a| ActionContext {
-                id: format!("{}/s{}/{}/{}", self.task_id, self.sample, a.role, a.turn),
-                task: task
-                    .coach_text
-                    .clone()
-                    .unwrap_or_else(|| workflow.task_text(&task.text)),
-                role: a.role.clone(),
-                agent_input: a
-                    .messages
-                    .iter()
-                    .map(|m| format!("[{}]\n{}", m.role, m.content))
-                    .collect::<Vec<_>>()
-                    .join("\n\n"),
-                output: a.text.clone(),
-                tool_observation: a.tool_observation.clone(),
-                files: data_task.then(|| FileLists {
-                    available: a.files_available.clone(),
-                    saved: a.files_saved.clone(),
-                }),
-                ground_truth: task.ground_truth.clone(),
-                is_last_agent: a.agent == last_agent,
-                solution: task.solution.clone().map(|mut s| {
-                    s.required_files = workflow.agents[a.agent].required_files.clone();
-                    s
-                }),
-            })
-            .collect()
+        action_contexts(workflow, task, self.sample, &self.actions)
     }
+}
+
+/// The coach's view of some actions of one trajectory (sample `sample` of
+/// `task`): what [`Trajectory::coach_contexts`] gives for a whole trajectory,
+/// usable while the trajectory is still running.
+pub fn action_contexts(
+    workflow: &Workflow,
+    task: &TaskInput,
+    sample: usize,
+    actions: &[ActionRecord],
+) -> Vec<ActionContext> {
+    let last_agent = workflow.agents.len() - 1;
+    let data_task = workflow.coach_domain == "dsbench";
+    actions
+        .iter()
+        .map(|a| ActionContext {
+            id: format!("{}/s{}/{}/{}", task.id, sample, a.role, a.turn),
+            task: task
+                .coach_text
+                .clone()
+                .unwrap_or_else(|| workflow.task_text(&task.text)),
+            role: a.role.clone(),
+            agent_input: a
+                .messages
+                .iter()
+                .map(|m| format!("[{}]\n{}", m.role, m.content))
+                .collect::<Vec<_>>()
+                .join("\n\n"),
+            output: a.text.clone(),
+            tool_observation: a.tool_observation.clone(),
+            files: data_task.then(|| FileLists {
+                available: a.files_available.clone(),
+                saved: a.files_saved.clone(),
+            }),
+            ground_truth: task.ground_truth.clone(),
+            is_last_agent: a.agent == last_agent,
+            solution: task.solution.clone().map(|mut s| {
+                s.required_files = workflow.agents[a.agent].required_files.clone();
+                s
+            }),
+        })
+        .collect()
 }

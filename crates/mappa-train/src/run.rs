@@ -16,7 +16,10 @@ use std::path::{Path, PathBuf};
 use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
-use mappa_agents::{Policy, RemotePolicy, RolloutEngine, TaskInput, Trajectory, Workflow};
+use mappa_agents::{
+    action_contexts, ActionRecord, Policy, RemotePolicy, RolloutEngine, TaskInput, Trajectory,
+    Workflow,
+};
 use mappa_core::rng::SeedTree;
 use mappa_env::datasets::{check_disjoint, normalize_problem_text, MathDataset};
 use mappa_env::math_tasks::{generate_mix_of, Tier};
@@ -485,6 +488,7 @@ where
         samples: usize,
         temperature: f64,
         stream: &str,
+        on_agent_done: &mut dyn FnMut(usize, Vec<(usize, Vec<ActionRecord>)>),
     ) -> Result<(Vec<Trajectory>, PathBuf), TrainError> {
         let seeds = SeedTree::new(self.seeds.stream(stream).next_u64());
         let policies: Vec<ModelPolicy<'_, B::InnerBackend>> = self
@@ -511,7 +515,7 @@ where
         )
         .map_err(|e| TrainError::Input(e.to_string()))?;
         let trajectories = engine
-            .run(tasks, samples)
+            .run_with(tasks, samples, on_agent_done)
             .map_err(|e| TrainError::Input(e.to_string()))?;
         Ok((trajectories, work))
     }
@@ -528,8 +532,13 @@ where
 
     fn evaluate(&self, step: usize, eval: &[TaskInput]) -> Result<Value, TrainError> {
         let e = &self.manifest.eval;
-        let (trajectories, work) =
-            self.rollout(eval, e.samples, e.temperature, &format!("eval/step-{step}"))?;
+        let (trajectories, work) = self.rollout(
+            eval,
+            e.samples,
+            e.temperature,
+            &format!("eval/step-{step}"),
+            &mut |_, _| {},
+        )?;
         let line = eval_line(step, &self.workflow, &self.tabular, eval, &trajectories)?;
         remove_work(&work)?;
         Ok(line)
@@ -541,16 +550,65 @@ where
         batch: &[TaskInput],
     ) -> Result<(Value, Vec<Value>), TrainError> {
         let r = &self.manifest.rollout;
-        let (trajectories, work) = self.rollout(
-            batch,
-            r.samples_per_prompt,
-            r.temperature,
-            &format!("rollout/step-{step}"),
-        )?;
+        let coach = self
+            .coach
+            .as_ref()
+            .ok_or_else(|| TrainError::Config("training needs a coach".into()))?;
+        let samples_per_task = r.samples_per_prompt;
+        let last_agent = self.workflow.agents.len() - 1;
+        let workflow = &self.workflow;
+        // Coach each agent but the last while the next one generates: the last
+        // agent's coach may need the graded outcome (DSBench metrics).
+        let (sender, receiver) =
+            std::sync::mpsc::channel::<(usize, Vec<(usize, Vec<ActionRecord>)>)>();
+        let (rolled, early) = std::thread::scope(|s| {
+            let scorer = s.spawn(
+                move || -> Result<BTreeMap<(usize, usize), Vec<ActionScore>>, TrainError> {
+                    let mut scored = BTreeMap::new();
+                    for (agent, done) in receiver {
+                        let mut contexts = Vec::new();
+                        let mut owners = Vec::new();
+                        for (i, actions) in &done {
+                            let task = &batch[i / samples_per_task];
+                            contexts.extend(action_contexts(
+                                workflow,
+                                task,
+                                i % samples_per_task,
+                                actions,
+                            ));
+                            owners.push((*i, actions.len()));
+                        }
+                        let scores = coach
+                            .score_batch(&contexts)
+                            .map_err(|e| TrainError::Input(format!("coach: {e}")))?;
+                        let mut it = scores.into_iter();
+                        for (i, n) in owners {
+                            scored.insert((i, agent), it.by_ref().take(n).collect());
+                        }
+                    }
+                    Ok(scored)
+                },
+            );
+            let rolled = self.rollout(
+                batch,
+                samples_per_task,
+                r.temperature,
+                &format!("rollout/step-{step}"),
+                &mut |agent, done| {
+                    if agent != last_agent {
+                        let _ = sender.send((agent, done));
+                    }
+                },
+            );
+            drop(sender);
+            (rolled, scorer.join().expect("the coaching thread"))
+        });
+        let (trajectories, work) = rolled?;
+        let mut early = early?;
         let by_id: BTreeMap<&str, &TaskInput> = batch.iter().map(|t| (t.id.as_str(), t)).collect();
-        // Grade first: a tabular task's coach sees the submission's metrics as its ground truth.
+        // Grade, then coach the last agent: a tabular task's coach sees the submission's metrics.
         let mut outcomes = Vec::with_capacity(trajectories.len());
-        let mut contexts = Vec::new();
+        let mut last_contexts = Vec::new();
         for t in &trajectories {
             let task = by_id[t.task_id.as_str()];
             let (value, tabular) = self.grade(task, t)?;
@@ -559,16 +617,31 @@ where
             if let Some(o) = &tabular {
                 seen.ground_truth = Some(serde_json::to_string(o).expect("outcome serialises"));
             }
-            contexts.extend(t.coach_contexts(&self.workflow, &seen));
+            let last: Vec<ActionRecord> = t
+                .actions
+                .iter()
+                .filter(|a| a.agent == last_agent)
+                .cloned()
+                .collect();
+            last_contexts.extend(action_contexts(&self.workflow, &seen, t.sample, &last));
         }
         remove_work(&work)?;
-        let coach = self
-            .coach
-            .as_ref()
-            .ok_or_else(|| TrainError::Config("training needs a coach".into()))?;
-        let scores = coach
-            .score_batch(&contexts)
-            .map_err(|e| TrainError::Input(format!("coach: {e}")))?;
+        let mut last_scores = coach
+            .score_batch(&last_contexts)
+            .map_err(|e| TrainError::Input(format!("coach: {e}")))?
+            .into_iter();
+        // Every action's score, in trajectory order.
+        let mut scores = Vec::new();
+        for (i, t) in trajectories.iter().enumerate() {
+            for agent in 0..=last_agent {
+                let n = t.actions.iter().filter(|a| a.agent == agent).count();
+                if agent == last_agent {
+                    scores.extend(last_scores.by_ref().take(n));
+                } else {
+                    scores.extend(early.remove(&(i, agent)).unwrap_or_default());
+                }
+            }
+        }
         let mut scores_iter = scores.iter();
         let mut rollout = Vec::new();
         let mut per_trajectory_scores: Vec<Vec<&ActionScore>> = Vec::new();
