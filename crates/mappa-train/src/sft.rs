@@ -47,11 +47,13 @@ pub type Demonstration = (Vec<u32>, Vec<u32>);
 /// Mean completion-token NLL per epoch, after each epoch.
 pub type SftLosses = Vec<f64>;
 
-/// Fine-tune `model` on `demos`; returns the model and the mean loss of each epoch.
+/// Fine-tune `model` on `demos`; returns the model and the mean loss of each
+/// epoch. `on_epoch(epoch, mean loss)` is called after each epoch (for progress).
 pub fn supervised_finetune<B: AutodiffBackend>(
     mut model: Transformer<B>,
     demos: &[Demonstration],
     config: &SftConfig,
+    on_epoch: &mut dyn FnMut(usize, f64),
 ) -> Result<(Transformer<B>, SftLosses), TrainError> {
     if demos.is_empty() || config.batch_size == 0 || config.epochs == 0 {
         return Err(TrainError::Config(
@@ -97,6 +99,7 @@ pub fn supervised_finetune<B: AutodiffBackend>(
             model = optimizer.step(config.lr, model, grads);
         }
         losses.push(total / tokens as f64);
+        on_epoch(epoch, total / tokens as f64);
     }
     Ok((model, losses))
 }

@@ -258,6 +258,14 @@ pub fn ensure<B: AutodiffBackend>(
         .map_err(|e| TrainError::Input(e.to_string()))?;
     let _ = std::fs::remove_dir_all(&work);
 
+    let bar = indicatif::ProgressBar::new((roles.len() * warm.sft.epochs) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "warm start [{bar:30}] {pos}/{len} epochs ({elapsed}, eta {eta}) {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
     let mut report = serde_json::Map::new();
     for (agent, role) in roles.iter().enumerate() {
         let (model, source) = initial
@@ -273,7 +281,11 @@ pub fn ensure<B: AutodiffBackend>(
             .take(warm.demonstrations)
             .map(|a| encode(&a.messages, &a.text, &tokenizer, &template))
             .collect::<Result<Vec<_>, _>>()?;
-        let (tuned, losses) = supervised_finetune(model.clone(), &demos, &warm.sft)?;
+        let (tuned, losses) =
+            supervised_finetune(model.clone(), &demos, &warm.sft, &mut |epoch, loss| {
+                bar.set_message(format!("{role}: epoch {} loss {loss:.3}", epoch + 1));
+                bar.inc(1);
+            })?;
         let target = &out[role];
         save_transformer(&tuned, target, StorageDtype::F32)
             .map_err(|e| TrainError::Model(e.to_string()))?;

@@ -449,7 +449,10 @@ fn supervised_finetuning_learns_a_fixed_completion() {
         grad_clip: 1.0,
         seed: 1,
     };
-    let (tuned, losses) = supervised_finetune(model(), &demos, &config).unwrap();
+    let mut epochs = 0;
+    let (tuned, losses) =
+        supervised_finetune(model(), &demos, &config, &mut |_, _| epochs += 1).unwrap();
+    assert_eq!(epochs, 12);
     assert!(losses.last().unwrap() < &(losses[0] * 0.3), "{losses:?}");
     // Greedy decoding now writes the demonstrated completion for a new prompt.
     let prompt = tokens(&mut rng, 5);
