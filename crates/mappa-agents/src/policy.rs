@@ -6,24 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::AgentError;
 
-/// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    /// `system`, `user`, `assistant` or `tool`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
-
-impl Message {
-    /// A message.
-    pub fn new(role: &str, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
+/// One chat message (the coach's message type: both speak the OpenAI format).
+pub use mappa_judge::rubric::Message;
 
 /// One prompt of a batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,6 @@
 
 use mappa_judge::llm::{BackendError, ChatBackend, GenerationParams};
 use mappa_judge::openai::{OpenAiBackend, OpenAiConfig};
-use mappa_judge::rubric::Message as ChatMessage;
 
 use crate::policy::{Policy, PolicyOutput, PolicyRequest};
 use crate::AgentError;
@@ -39,12 +38,7 @@ impl RemotePolicy {
     }
 
     fn one(&self, request: &PolicyRequest) -> Result<PolicyOutput, AgentError> {
-        let messages: Vec<ChatMessage> = request
-            .messages
-            .iter()
-            .map(|m| ChatMessage::new(&m.role, &m.content))
-            .collect();
-        match self.backend.complete(&messages, &self.params) {
+        match self.backend.complete(&request.messages, &self.params) {
             Ok(c) => Ok(PolicyOutput {
                 text: c.text,
                 prompt_ids: Vec::new(),
