@@ -4,7 +4,9 @@
 //! - `mappa grade`: grade model outputs (or bare answers) against reference
 //!   answers with the same functions the pipelines use.
 //! - `mappa run MANIFEST`: train and evaluate as a manifest says.
-//! - `mappa reproduce NAME`: run `experiments/NAME.toml` (or `--dry-run`: the plan).
+//! - `mappa reproduce NAME`: run `experiments/NAME.toml` (or `--dry-run`: the
+//!   plan); a manifest with a `[study]` runs every arm and seed and writes a
+//!   report with a verdict (`--quick`: its CI profile).
 //! - `mappa eval MANIFEST [--run RUN_DIR]`: held-out accuracy of base models or a checkpoint.
 //! - `mappa ablate NAME --credit a,b,c --seeds N`: credit variants side by side.
 //! - `mappa report RUN_DIR...`: compare runs in a markdown table with plots.
@@ -18,6 +20,8 @@ mod grade;
 mod report;
 mod run;
 mod sandbox;
+mod study;
+mod study_report;
 
 use std::process::ExitCode;
 

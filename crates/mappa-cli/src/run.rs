@@ -51,6 +51,12 @@ pub struct ReproduceArgs {
     /// Validate everything and print the plan, without running.
     #[arg(long)]
     dry_run: bool,
+    /// The manifest's `[study.quick]` profile: a smoke test of the study (for CI), not a result.
+    #[arg(long)]
+    quick: bool,
+    /// Runs of a study at once (default: the number of CPUs).
+    #[arg(long)]
+    jobs: Option<usize>,
     /// Where new run directories go.
     #[arg(long, default_value = "runs")]
     runs_dir: PathBuf,
@@ -95,10 +101,17 @@ pub fn run_manifest(args: &RunArgs) -> Result<(), String> {
     execute(&manifest, &run_dir, &options)
 }
 
-/// Resolve, lock, and choose the run directory.
-fn prepare(manifest: &Manifest, resume: Option<&Path>, runs_dir: &Path) -> Result<PathBuf, String> {
+/// The manifest's lock (resolved hashes, code version, machine) and run id.
+pub fn lock_and_id(manifest: &Manifest) -> Result<(Value, String), String> {
     let resolved = manifest.resolve().map_err(|e| e.to_string())?;
     let lock = lock(manifest, resolved, &repo_root());
+    let id = run_id(&lock);
+    Ok((lock, id))
+}
+
+/// Resolve, lock, and choose the run directory.
+fn prepare(manifest: &Manifest, resume: Option<&Path>, runs_dir: &Path) -> Result<PathBuf, String> {
+    let (lock, id) = lock_and_id(manifest)?;
     if let Some(dir) = resume {
         let old: Value = std::fs::read_to_string(dir.join("manifest.lock.json"))
             .ok()
@@ -117,7 +130,6 @@ fn prepare(manifest: &Manifest, resume: Option<&Path>, runs_dir: &Path) -> Resul
         }
         return Ok(dir.to_path_buf());
     }
-    let id = run_id(&lock);
     let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let text = serde_json::to_string_pretty(&lock).map_err(|e| e.to_string())?;
@@ -335,11 +347,30 @@ pub fn reproduce(args: &ReproduceArgs) -> Result<(), String> {
         ));
     }
     let manifest = Manifest::load(&path).map_err(|e| e.to_string())?;
+    if args.quick && manifest.study.is_none() {
+        return Err(format!(
+            "{}: --quick is for manifests with a [study]",
+            path.display()
+        ));
+    }
     let missing = missing(&manifest);
     if args.dry_run {
         println!("plan for {} ({}):", manifest.name, path.display());
         for (what, value) in plan(&manifest)? {
             println!("  {what:<22} {value}");
+        }
+        if let Some(study) = &manifest.study {
+            let arms = crate::study::arms(&manifest, study, args.quick)?;
+            println!(
+                "  {:<22} {} arms x {} seeds: {}",
+                "study",
+                arms.len(),
+                study.seeds,
+                arms.iter()
+                    .map(|(a, _)| a.label.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
         }
         if missing.is_empty() {
             println!("everything the run needs is present.");
@@ -361,6 +392,21 @@ pub fn reproduce(args: &ReproduceArgs) -> Result<(), String> {
         }
         message.push_str("On a machine without these, run the CPU-scale experiment instead: `just reproduce arith`.");
         return Err(message);
+    }
+    if manifest.study.is_some() {
+        let jobs = args.jobs.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        let dir = crate::study::run_study(
+            &manifest,
+            &crate::study::StudyOptions {
+                quick: args.quick,
+                jobs,
+                runs_dir: args.runs_dir.clone(),
+            },
+        )?;
+        println!("{}", dir.join("report.md").display());
+        return Ok(());
     }
     let run_dir = prepare(&manifest, None, &args.runs_dir)?;
     execute(
@@ -458,7 +504,7 @@ pub struct AblateArgs {
 }
 
 /// Apply one `--credit` variant to a manifest.
-fn apply_variant(manifest: &mut Manifest, variant: &str) -> Result<(), String> {
+pub fn apply_variant(manifest: &mut Manifest, variant: &str) -> Result<(), String> {
     let (key, value) = variant
         .split_once('=')
         .map_or((variant, None), |(k, v)| (k, Some(v)));

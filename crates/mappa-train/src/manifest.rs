@@ -153,9 +153,27 @@ pub struct WarmStart {
     /// Probability that the teacher's action of a role is wrong.
     #[serde(default)]
     pub error_rates: BTreeMap<String, f64>,
+    /// What a wrong action looks like (`digit` by default).
+    #[serde(default)]
+    pub slips: SlipKind,
     /// Supervised settings.
     #[serde(default)]
     pub sft: crate::sft::SftConfig,
+}
+
+/// The kind of mistake the warm-start teacher makes at its error rates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlipKind {
+    /// One number changed by a small amount, anywhere: the models learn
+    /// uncertain digits everywhere.
+    #[default]
+    Digit,
+    /// A fixed mistake per role, made whole: the Problem Solver and the Code
+    /// Executor leave out the expression's last operation, the Verifier
+    /// appends a `0`. Every digit copied is right, so the error is one
+    /// decision per action that training can find and unlearn.
+    Structural,
 }
 
 /// A file with its expected hash.
@@ -287,6 +305,86 @@ pub struct Manifest {
     /// An optional supervised warm start.
     #[serde(default)]
     pub warm_start: Option<WarmStart>,
+    /// The arms and seeds `mappa reproduce` runs and compares (its runs
+    /// carry none: a run's id does not depend on the study around it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub study: Option<Study>,
+}
+
+/// A comparison of arms over seeds: what `mappa reproduce NAME` runs when
+/// the manifest has one, and reports on with a verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Study {
+    /// Seeds per arm: the manifest's seed, +1, +2, ...
+    #[serde(default = "three")]
+    pub seeds: u64,
+    /// The credit variant the claim is about (MAPPA: `process`).
+    pub method: String,
+    /// The credit variant it is compared with (`outcome`).
+    pub baseline: String,
+    /// Further credit variants, in `mappa ablate --credit` syntax
+    /// (`mixed=0.5`, `scope=per_prompt_group`, ...).
+    #[serde(default)]
+    pub credit: Vec<String>,
+    /// The method arm again under other scripted coaches: `weak`, `medium`,
+    /// `strong` or `biased` (strong, plus `coach_bias`).
+    #[serde(default)]
+    pub coaches: Vec<String>,
+    /// The biased coach's score offset per task kind.
+    #[serde(default)]
+    pub coach_bias: BTreeMap<String, f64>,
+    /// The `--quick` profile (a smoke test, not a result).
+    #[serde(default)]
+    pub quick: Option<QuickProfile>,
+}
+
+fn three() -> u64 {
+    3
+}
+
+/// A smaller study for CI: fewer seeds and arms, and manifest values overridden.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuickProfile {
+    /// Seeds per arm.
+    pub seeds: Option<u64>,
+    /// Replaces `study.credit`.
+    pub credit: Option<Vec<String>>,
+    /// Replaces `study.coaches`.
+    pub coaches: Option<Vec<String>>,
+    /// Merged into the manifest, key by key (e.g. `rollout = { steps = 2 }`).
+    #[serde(default)]
+    pub manifest: toml::Table,
+}
+
+impl Manifest {
+    /// This manifest with `overrides` merged in key by key (tables merge,
+    /// other values replace), checked again.
+    pub fn with_overrides(&self, overrides: &toml::Table) -> Result<Self, String> {
+        fn merge(into: &mut Value, from: &Value) {
+            match (into, from) {
+                (Value::Object(a), Value::Object(b)) => {
+                    for (k, v) in b {
+                        match a.get_mut(k) {
+                            Some(slot) => merge(slot, v),
+                            None => {
+                                a.insert(k.clone(), v.clone());
+                            }
+                        }
+                    }
+                }
+                (slot, v) => *slot = v.clone(),
+            }
+        }
+        let mut value = serde_json::to_value(self).map_err(|e| e.to_string())?;
+        let overrides = serde_json::to_value(overrides).map_err(|e| e.to_string())?;
+        merge(&mut value, &overrides);
+        let mut out: Self = serde_json::from_value(value).map_err(|e| format!("overrides: {e}"))?;
+        out.train.total_steps = out.rollout.steps.max(1);
+        out.validate()?;
+        Ok(out)
+    }
 }
 
 /// `a/b/../c` -> `a/c`, without touching the file system.

@@ -223,7 +223,8 @@ pub fn load_tasks(manifest: &Manifest, data_dir: &Path) -> Result<Tasks, TrainEr
                 },
                 ground_truth: Some(p.answer.to_string()),
                 solution: Some(KnownSolution {
-                    task_kind: "math".into(),
+                    // The tier, so that a scripted coach can be biased per tier.
+                    task_kind: p.tier.name().into(),
                     answer: Some(p.answer.to_string()),
                     checkpoints: match coach_checkpoints {
                         CheckpointKind::Steps => p.steps.clone(),

@@ -22,7 +22,7 @@ use mappa_model::{
 };
 use serde_json::{json, Value};
 
-use crate::manifest::{DataSpec, Manifest, WarmStart};
+use crate::manifest::{DataSpec, Manifest, SlipKind, WarmStart};
 use crate::sft::supervised_finetune;
 use crate::TrainError;
 
@@ -62,12 +62,38 @@ fn perturb_number(text: &str, rng: &mut mappa_core::rng::RngStream) -> String {
     format!("{}{new}{}", &text[..start], &text[end..])
 }
 
+/// `expr` with its last operation left out: `pow(a, k, m)` -> `pow(a, k)`,
+/// `(a op b) op c` -> `(a op b)`; an expression of one term gains ` + 1`.
+fn drop_last_step(expr: &str) -> String {
+    if let Some(head) = expr
+        .strip_prefix("pow(")
+        .and_then(|e| e.rsplit_once(", "))
+        .map(|(h, _)| h)
+    {
+        return format!("pow({head})");
+    }
+    match expr.rsplit_once(' ').and_then(|(h, _)| h.rsplit_once(' ')) {
+        Some((head, _)) if !head.is_empty() => head.to_string(),
+        _ => format!("{expr} + 1"),
+    }
+}
+
+/// One role's mistake of `kind` on the text it would have written.
+fn slip(kind: SlipKind, role: &str, text: &str, rng: &mut mappa_core::rng::RngStream) -> String {
+    match (kind, role) {
+        (SlipKind::Digit, _) => perturb_number(text, rng),
+        (SlipKind::Structural, "verifier") => format!("{text}0"),
+        (SlipKind::Structural, _) => drop_last_step(text),
+    }
+}
+
 /// The arith teacher's policies: the Problem Solver plans with the Python
 /// expression, the Code Executor prints the planned expression, the
 /// Verifier boxes the printed value; each slips at its role's error rate.
 fn arith_teacher(
     problems: Arc<Vec<GeneratedProblem>>,
     error_rates: &BTreeMap<String, f64>,
+    kind: SlipKind,
     seeds: SeedTree,
 ) -> [ScriptedPolicy; 3] {
     let rate = |role: &str| error_rates.get(role).copied().unwrap_or(0.0);
@@ -92,7 +118,7 @@ fn arith_teacher(
         };
         let mut rng = slips(r);
         let expr = if rng.uniform() < r1 {
-            perturb_number(p.expression(), &mut rng)
+            slip(kind, "problem_solver", p.expression(), &mut rng)
         } else {
             p.expression().to_string()
         };
@@ -108,7 +134,7 @@ fn arith_teacher(
         let preamble = find(&p2, r).map(|p| p.preamble()).unwrap_or_default();
         let mut rng = slips(r);
         let expr = if rng.uniform() < r2 {
-            perturb_number(&plan, &mut rng)
+            slip(kind, "code_executor", &plan, &mut rng)
         } else {
             plan
         };
@@ -125,7 +151,7 @@ fn arith_teacher(
             .to_string();
         let mut rng = slips(r);
         let value = if rng.uniform() < r3 {
-            perturb_number(&printed, &mut rng)
+            slip(kind, "verifier", &printed, &mut rng)
         } else {
             printed
         };
@@ -240,6 +266,7 @@ pub fn ensure<B: AutodiffBackend>(
     let teacher = arith_teacher(
         problems.clone(),
         &warm.error_rates,
+        warm.slips,
         SeedTree::new(warm.sft.seed),
     );
     let work = dir.with_extension("work");
@@ -306,4 +333,34 @@ pub fn ensure<B: AutodiffBackend>(
     )
     .map_err(|e| TrainError::Model(e.to_string()))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn structural_slips_leave_out_the_last_operation() {
+        assert_eq!(drop_last_step("pow(45, 3, 4)"), "pow(45, 3)");
+        assert_eq!(drop_last_step("(51 * 29 + 39) % 81"), "(51 * 29 + 39)");
+        assert_eq!(drop_last_step("(12 - 7) * 3"), "(12 - 7)");
+        assert_eq!(drop_last_step("17"), "17 + 1");
+        let mut rng = SeedTree::new(1).stream("t");
+        assert_eq!(
+            slip(SlipKind::Structural, "verifier", "42", &mut rng),
+            "420"
+        );
+        assert_eq!(
+            slip(
+                SlipKind::Structural,
+                "code_executor",
+                "pow(2, 5, 7)",
+                &mut rng
+            ),
+            "pow(2, 5)"
+        );
+        let digit = slip(SlipKind::Digit, "verifier", "42", &mut rng);
+        assert_ne!(digit, "42");
+        assert_eq!(digit.len(), 2);
+    }
 }

@@ -1,0 +1,112 @@
+//! `mappa reproduce arith --quick`, the CI profile of the CPU-scale study:
+//! every arm and seed runs, the report is well-formed (every arm in its
+//! tables, every plot written, the verdict agreeing with the numbers), and
+//! running it again gives the same numbers. The effect size is not checked
+//! here: the quick profile is too small to show one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn scratch() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    dir
+}
+
+/// Run the quick study into `runs`; returns its directory.
+fn quick_study(runs: &Path) -> PathBuf {
+    let out = Command::new(env!("CARGO_BIN_EXE_mappa"))
+        .current_dir(workspace())
+        .args(["reproduce", "arith", "--quick", "--jobs", "2", "--runs-dir"])
+        .arg(runs)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    assert_eq!(report.file_name().unwrap(), "report.md");
+    report.parent().unwrap().to_path_buf()
+}
+
+/// summary.json without what may differ between two calls.
+fn numbers(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn quick_study_writes_a_well_formed_report_and_reproduces() {
+    let runs = scratch();
+    let dir = quick_study(&runs.path().join("first"));
+    let summary = numbers(&dir);
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert_eq!(summary["quick"], true);
+    assert!(report.contains("Quick profile"), "{report}");
+    let seeds = summary["seeds"].as_u64().unwrap();
+    let arms = summary["arms"].as_array().unwrap();
+    assert!(arms.len() >= 3, "method, baseline and a coach arm at least");
+    assert_eq!(arms[0]["label"], "process");
+    assert_eq!(arms[1]["label"], "outcome");
+    for arm in arms {
+        let label = arm["label"].as_str().unwrap();
+        assert_eq!(
+            arm["finals"].as_array().unwrap().len() as u64,
+            seeds,
+            "{label}"
+        );
+        let steps = summary["steps"].as_u64().unwrap();
+        assert_eq!(
+            arm["curve"].as_array().unwrap().len() as u64,
+            steps + 1,
+            "{label}: an evaluation before training and after every step"
+        );
+        for agent in ["problem_solver", "code_executor", "verifier"] {
+            assert_eq!(
+                arm["reward"][agent].as_array().unwrap().len() as u64,
+                steps,
+                "{label} {agent}"
+            );
+        }
+        let row = format!("| {label}");
+        assert!(report.contains(&row), "{label} missing from the report");
+    }
+    // The verdict follows from the numbers.
+    let verdict = &summary["verdict"];
+    let (m, b) = (&arms[0], &arms[1]);
+    let difference = m["mean"].as_f64().unwrap() - b["mean"].as_f64().unwrap();
+    let threshold = 2.0 * m["std"].as_f64().unwrap().max(b["std"].as_f64().unwrap());
+    assert!((verdict["difference"].as_f64().unwrap() - difference).abs() < 1e-12);
+    assert_eq!(verdict["holds"].as_bool().unwrap(), difference > threshold);
+    let said = if difference > threshold {
+        "The claim holds here"
+    } else {
+        "The claim does not hold here"
+    };
+    assert!(report.contains(said), "{report}");
+    for plot in [
+        "accuracy.svg",
+        "coach.svg",
+        "reward-problem_solver.svg",
+        "coach-score-verifier.svg",
+    ] {
+        let svg = std::fs::read_to_string(dir.join(plot)).unwrap();
+        assert!(svg.starts_with("<svg"), "{plot}");
+        assert!(report.contains(plot), "{plot} not linked");
+    }
+    // Every run's manifest and log are kept.
+    let manifests = std::fs::read_dir(dir.join("manifests")).unwrap().count() as u64;
+    assert_eq!(manifests, arms.len() as u64 * seeds);
+
+    // Again, from scratch elsewhere: the same numbers.
+    let again = quick_study(&runs.path().join("second"));
+    assert_eq!(numbers(&again), summary);
+}
