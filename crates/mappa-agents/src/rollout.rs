@@ -11,7 +11,7 @@ use mappa_env::sandbox::{FileChangeKind, RunResult, Sandbox, Status, PRIVATE_DIR
 
 use crate::policy::{Message, Policy, PolicyRequest};
 use crate::trajectory::{ActionRecord, TaskInput, Trajectory};
-use crate::workflow::{render_prompt, AgentSpec, Tool, Upstream, Workflow};
+use crate::workflow::{render_program, render_prompt, AgentSpec, Tool, Upstream, Workflow};
 use crate::AgentError;
 
 /// Tool outputs shown to agents are cut to this many characters.
@@ -186,14 +186,16 @@ impl<'a> RolloutEngine<'a> {
                 .map_err(AgentError::Sandbox)?;
             let codes: Vec<Option<String>> = generated
                 .iter()
-                .map(|g| {
-                    if agent.tool == Tool::Python {
-                        extract_python(&g.text)
-                    } else {
-                        None
+                .map(|g| match (&agent.tool, &agent.program) {
+                    (Tool::Python, Some(program)) => {
+                        render_program(program, &g.text).map(Some).map_err(|e| {
+                            AgentError::Workflow(format!("agent {}: program: {e}", agent.role))
+                        })
                     }
+                    (Tool::Python, None) => Ok(extract_python(&g.text)),
+                    (Tool::None, _) => Ok(None),
                 })
-                .collect();
+                .collect::<Result<_, _>>()?;
             let available: Vec<Vec<String>> = dirs.iter().map(|d| listing(d)).collect();
             let results = self.run_code(&dirs, &codes)?;
             let mut still_active = Vec::new();

@@ -55,6 +55,23 @@ pub struct AgentSpec {
     /// Glob patterns of the files passed on to the next agent.
     #[serde(default)]
     pub pass_files: Vec<String>,
+    /// With the Python tool: a minijinja template of the program to run,
+    /// given the action's text as `output` (trimmed), instead of the
+    /// action's own ```python blocks. Agents then emit short choices that a
+    /// fixed program carries out (CPU-scale experiments).
+    #[serde(default)]
+    pub program: Option<String>,
+}
+
+/// The program an agent's `program` template makes of an action's text.
+pub fn render_program(template: &str, output: &str) -> Result<String, String> {
+    let mut env = Environment::new();
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.add_template("program", template)
+        .map_err(|e| format!("{e:#}"))?;
+    env.get_template("program")
+        .and_then(|t| t.render(minijinja::context! { output => output.trim() }))
+        .map_err(|e| format!("{e:#}"))
 }
 
 /// A workflow.
@@ -129,6 +146,12 @@ impl Workflow {
                 .map_err(|e| format!("{at}.pass_files: {e}"))?;
             render_prompt(agent, "TASK", &[], &BTreeMap::new())
                 .map_err(|e| format!("{at}.prompt: {e}"))?;
+            if let Some(program) = &agent.program {
+                if agent.tool != Tool::Python {
+                    return Err(format!("{at}.program: needs tool = \"python\""));
+                }
+                render_program(program, "CHOICE").map_err(|e| format!("{at}.program: {e}"))?;
+            }
             seen.push(&agent.role);
         }
         if !seen.contains(&self.final_answer_from.as_str()) {
@@ -204,7 +227,13 @@ mod tests {
 
     #[test]
     fn the_shipped_workflows_load() {
-        for name in ["mathchat", "arith", "dsbench"] {
+        for name in [
+            "mathchat",
+            "arith",
+            "dsbench",
+            "arith-compact",
+            "tabular-compact",
+        ] {
             let w = Workflow::load(&workflows_dir().join(format!("{name}.toml"))).unwrap();
             assert_eq!(w.name, name);
             assert_eq!(w.agents.len(), 3);
@@ -241,5 +270,31 @@ mod tests {
             err.contains("max_tokens") && err.contains("w.toml"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn programs_render_choices_and_are_checked() {
+        let program = "choice = {{ output | tojson }}\nprint(choice)";
+        assert_eq!(
+            render_program(program, "  onehot\n").unwrap(),
+            "choice = \"onehot\"\nprint(choice)"
+        );
+        // Quotes in a choice cannot break out of the string.
+        assert_eq!(
+            render_program(program, "a\"); import os; (\"").unwrap(),
+            "choice = \"a\\\"); import os; (\\\"\"\nprint(choice)"
+        );
+        let mut w = Workflow::load(&workflows_dir().join("arith.toml")).unwrap();
+        w.agents[0].program = Some("print(1)".into());
+        assert!(w
+            .validate()
+            .unwrap_err()
+            .contains("agents[0] (problem_solver).program: needs tool"));
+        w.agents[0].program = None;
+        w.agents[1].program = Some("{{ nothing }}".into());
+        assert!(w
+            .validate()
+            .unwrap_err()
+            .contains("agents[1] (code_executor).program"));
     }
 }

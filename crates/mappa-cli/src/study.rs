@@ -242,6 +242,7 @@ pub fn run_study(base: &Manifest, options: &StudyOptions) -> Result<PathBuf, Str
     let arms: Vec<Arm> = arms.into_iter().map(|(a, _)| a).collect();
     crate::study_report::write(&crate::study_report::StudyData {
         name: &name,
+        base_name: &base.name,
         base: &profile_manifest(base, study, options.quick)?,
         study,
         quick: options.quick,

@@ -24,6 +24,8 @@ use crate::study::{Arm, ArmGroup};
 pub struct StudyData<'a> {
     /// The study's name (`arith`, `arith-quick`).
     pub name: &'a str,
+    /// The experiment's name (`arith`).
+    pub base_name: &'a str,
     /// The manifest the study was made from.
     pub base: &'a Manifest,
     /// The study.
@@ -268,10 +270,10 @@ pub fn write(data: &StudyData) -> Result<(), String> {
         data.name, verdict.method, verdict.baseline
     );
     if data.quick {
-        md.push_str("> **Quick profile** (`--quick`): a smoke test of the study for CI, with too few steps and seeds to support any claim. Run `just reproduce arith` for the result.\n\n");
+        md.push_str(&format!("> **Quick profile** (`--quick`): a smoke test of the study for CI, with too few steps and seeds to support any claim. Run `just reproduce {}` for the result.\n\n", data.base_name));
     }
     md.push_str(&format!(
-        "{}\n\nEverything here is simulated at CPU scale: generated problems, tiny models (one token per byte), and a **scripted coach** (a rule-based judge that knows each problem's solution, not an LLM). Arms: {}; {} seeds each; {} training steps of {} trajectories; held-out accuracy on {} problems disjoint from training, sampled at temperature {}.\n\n",
+        "{}\n\nEverything here is simulated at CPU scale: generated problems, tiny models (one token per byte), and a **scripted coach** (a rule-based judge that knows each problem's solution, not an LLM). Arms: {}; {} seeds each; {} training steps of {} trajectories; held-out accuracy on {} tasks disjoint from training, sampled at temperature {}. {}\n\n",
         base.description,
         arms.len(),
         data.seeds,
@@ -279,6 +281,7 @@ pub fn write(data: &StudyData) -> Result<(), String> {
         per_step,
         held_out_count(base),
         base.eval.temperature,
+        metric_note(base),
     ));
     md.push_str("## Verdict\n\n");
     let (m, b) = (&arms[0], &arms[1]);
@@ -404,6 +407,17 @@ pub fn write(data: &StudyData) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     mappa_core::fs::write_atomic(&data.out.join("report.md"), md.as_bytes())
         .map_err(|e| e.to_string())
+}
+
+/// What "accuracy" means for the manifest's tasks.
+fn metric_note(manifest: &Manifest) -> &'static str {
+    match &manifest.data {
+        mappa_train::manifest::DataSpec::GeneratedTabular { .. }
+        | mappa_train::manifest::DataSpec::Tabular(_) => {
+            "For tabular tasks, accuracy is the rate of valid submissions (a scored submission.csv)."
+        }
+        _ => "Accuracy is the rate of right final answers.",
+    }
 }
 
 fn held_out_count(manifest: &Manifest) -> String {

@@ -91,7 +91,7 @@ pub struct Tasks {
 }
 
 /// A tabular task as agents see it: the cleaned text, the data files; the coach gets the raw text.
-fn tabular_input(group: usize, task: &TabularTask) -> TaskInput {
+pub(crate) fn tabular_input(group: usize, task: &TabularTask) -> TaskInput {
     let dir = task
         .train_csv
         .parent()
@@ -117,7 +117,7 @@ fn tabular_input(group: usize, task: &TabularTask) -> TaskInput {
 }
 
 /// Generated tabular tasks: binary, multi-class and regression in turn.
-fn generated_tabular(
+pub(crate) fn generated_tabular(
     dir: &Path,
     n: usize,
     seed: u64,

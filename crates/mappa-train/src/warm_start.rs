@@ -160,6 +160,121 @@ fn arith_teacher(
     [solver, executor, verifier]
 }
 
+/// The arith teacher's pool: generated problems of its own (none held out),
+/// one demonstration per problem, and its policies.
+fn arith_pool(
+    manifest: &Manifest,
+    warm: &WarmStart,
+    held_out: &[TaskInput],
+) -> Result<(Vec<TaskInput>, [ScriptedPolicy; 3]), TrainError> {
+    let DataSpec::GeneratedMath {
+        seed,
+        instruction,
+        tiers,
+        ..
+    } = &manifest.data
+    else {
+        return Err(TrainError::Config(
+            "warm_start: the arith teacher needs data.kind = \"generated_math\"".into(),
+        ));
+    };
+    // A pool of its own, one demonstration per problem, none of them held out:
+    // demonstrations repeated over the RL training problems teach the models
+    // to recall those problems rather than to copy numbers.
+    let held_out: HashSet<String> = held_out
+        .iter()
+        .map(|t| normalize_problem_text(&t.text))
+        .collect();
+    let pool_seed = SeedTree::new(*seed).stream("warm-start/pool").next_u64();
+    let problems = Arc::new(
+        generate_mix_of(
+            tiers.as_deref().unwrap_or(&Tier::ALL),
+            warm.demonstrations + held_out.len(),
+            pool_seed,
+        )
+        .into_iter()
+        .filter(|p| !held_out.contains(&normalize_problem_text(&p.prompt)))
+        .take(warm.demonstrations)
+        .collect::<Vec<_>>(),
+    );
+    let tasks: Vec<TaskInput> = problems
+        .iter()
+        .enumerate()
+        .map(|(group, p)| TaskInput {
+            id: p.id.clone(),
+            group,
+            text: if *instruction {
+                p.prompt.clone()
+            } else {
+                p.statement().to_string()
+            },
+            ..Default::default()
+        })
+        .collect();
+    let teacher = arith_teacher(
+        problems.clone(),
+        &warm.error_rates,
+        warm.slips,
+        SeedTree::new(warm.sft.seed),
+    );
+    Ok((tasks, teacher))
+}
+
+/// The tabular teacher's policies, for the `tabular-compact` workflow: the
+/// Data Engineer one-hot encodes `color`, the Modeler regresses numeric
+/// targets and classifies labels, the Analyst writes a `.csv`. Slips, at
+/// each role's error rate: `raw` features (the program fails on the text
+/// column), the other model kind (the program refuses it), a `.tsv` file
+/// (the required `submission.csv` is never written).
+fn tabular_teacher(error_rates: &BTreeMap<String, f64>, seeds: SeedTree) -> [ScriptedPolicy; 3] {
+    let rate = |role: &str| error_rates.get(role).copied().unwrap_or(0.0);
+    let (r1, r2, r3) = (rate("data_engineer"), rate("modeler"), rate("analyst"));
+    let slipped = |seeds: &SeedTree, r: &PolicyRequest, p: f64| {
+        seeds.stream(&format!("teacher/{}", r.stream)).uniform() < p
+    };
+    let engineer = ScriptedPolicy::new("tabular-teacher-data-engineer", move |r| {
+        let mode = if slipped(&seeds, r, r1) { "raw" } else { "onehot" };
+        format!("features: {mode}")
+    });
+    let modeler = ScriptedPolicy::new("tabular-teacher-modeler", move |r| {
+        let numeric = r
+            .messages
+            .get(1)
+            .is_some_and(|m| m.content.contains("Predict the numeric"));
+        let right = if numeric { "regress" } else { "classify" };
+        let wrong = if numeric { "classify" } else { "regress" };
+        format!("model: {}", if slipped(&seeds, r, r2) { wrong } else { right })
+    });
+    let analyst = ScriptedPolicy::new("tabular-teacher-analyst", move |r| {
+        format!("write: {}", if slipped(&seeds, r, r3) { "tsv" } else { "csv" })
+    });
+    [engineer, modeler, analyst]
+}
+
+/// The tabular teacher's pool: generated tasks of its own (from a seed of
+/// their own, so none is a held-out task), written under `data_dir`.
+fn tabular_pool(
+    manifest: &Manifest,
+    warm: &WarmStart,
+    data_dir: &Path,
+) -> Result<(Vec<TaskInput>, [ScriptedPolicy; 3]), TrainError> {
+    let DataSpec::GeneratedTabular { seed, .. } = &manifest.data else {
+        return Err(TrainError::Config(
+            "warm_start: the tabular teacher needs data.kind = \"generated_tabular\"".into(),
+        ));
+    };
+    let pool_seed = SeedTree::new(*seed).stream("warm-start/pool").next_u64();
+    let tasks = crate::run::generated_tabular(data_dir, warm.demonstrations, pool_seed, "pool")?
+        .iter()
+        .enumerate()
+        .map(|(group, t)| crate::run::tabular_input(group, t))
+        .collect();
+    Ok((
+        tasks,
+        tabular_teacher(&warm.error_rates, SeedTree::new(warm.sft.seed)),
+    ))
+}
+
 /// Tokenise one demonstration: the rendered conversation, and the completion with EOS.
 fn encode(
     messages: &[mappa_agents::Message],
@@ -213,63 +328,20 @@ pub fn ensure<B: AutodiffBackend>(
     if dir.join("done.json").exists() {
         return Ok(out);
     }
-    let DataSpec::GeneratedMath {
-        seed,
-        instruction,
-        tiers,
-        ..
-    } = &manifest.data
-    else {
-        return Err(TrainError::Config(
-            "warm_start: the arith teacher needs data.kind = \"generated_math\"".into(),
-        ));
-    };
-    if warm.teacher != "arith" || roles != ["problem_solver", "code_executor", "verifier"] {
-        return Err(TrainError::Config(format!(
-            "warm_start.teacher = {:?}: only \"arith\" exists, for the problem_solver -> code_executor -> verifier workflow",
-            warm.teacher
-        )));
-    }
-    // A pool of its own, one demonstration per problem, none of them held out:
-    // demonstrations repeated over the RL training problems teach the models
-    // to recall those problems rather than to copy numbers.
-    let held_out: HashSet<String> = held_out
-        .iter()
-        .map(|t| normalize_problem_text(&t.text))
-        .collect();
-    let pool_seed = SeedTree::new(*seed).stream("warm-start/pool").next_u64();
-    let problems = Arc::new(
-        generate_mix_of(
-            tiers.as_deref().unwrap_or(&Tier::ALL),
-            warm.demonstrations + held_out.len(),
-            pool_seed,
-        )
-        .into_iter()
-        .filter(|p| !held_out.contains(&normalize_problem_text(&p.prompt)))
-        .take(warm.demonstrations)
-        .collect::<Vec<_>>(),
-    );
-    let tasks: Vec<TaskInput> = problems
-        .iter()
-        .enumerate()
-        .map(|(group, p)| TaskInput {
-            id: p.id.clone(),
-            group,
-            text: if *instruction {
-                p.prompt.clone()
-            } else {
-                p.statement().to_string()
-            },
-            ..Default::default()
-        })
-        .collect();
-    let teacher = arith_teacher(
-        problems.clone(),
-        &warm.error_rates,
-        warm.slips,
-        SeedTree::new(warm.sft.seed),
-    );
     let work = dir.with_extension("work");
+    let (tasks, teacher) = match (warm.teacher.as_str(), roles.as_slice()) {
+        ("arith", [a, b, c]) if [a, b, c] == ["problem_solver", "code_executor", "verifier"] => {
+            arith_pool(manifest, warm, held_out)?
+        }
+        ("tabular", [a, b, c]) if [a, b, c] == ["data_engineer", "modeler", "analyst"] => {
+            tabular_pool(manifest, warm, &dir.with_extension("data"))?
+        }
+        (teacher, _) => {
+            return Err(TrainError::Config(format!(
+                "warm_start.teacher = {teacher:?} with agents {roles:?}: expected \"arith\" (problem_solver -> code_executor -> verifier) or \"tabular\" (data_engineer -> modeler -> analyst)"
+            )))
+        }
+    };
     let engine = RolloutEngine::new(
         workflow,
         teacher
@@ -284,6 +356,7 @@ pub fn ensure<B: AutodiffBackend>(
         .run(&tasks, 1)
         .map_err(|e| TrainError::Input(e.to_string()))?;
     let _ = std::fs::remove_dir_all(&work);
+    let _ = std::fs::remove_dir_all(dir.with_extension("data"));
 
     let bar = indicatif::ProgressBar::new((roles.len() * warm.sft.epochs) as u64);
     bar.set_style(
@@ -362,5 +435,66 @@ mod tests {
         let digit = slip(SlipKind::Digit, "verifier", "42", &mut rng);
         assert_ne!(digit, "42");
         assert_eq!(digit.len(), 2);
+    }
+
+    /// The tabular teacher on the tabular-compact workflow: without slips
+    /// every submission is scored near the optimum; each role's slip leaves
+    /// that role's required file unwritten (blame along the file chain).
+    #[test]
+    fn tabular_teacher_runs_the_pipeline_and_its_slips_break_the_chain() {
+        use mappa_env::sandbox::SandboxConfig;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let workflow =
+            Workflow::load(&root.join("experiments/workflows/tabular-compact.toml")).unwrap();
+        let sandbox = Sandbox::new(SandboxConfig::discover().unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let tasks = crate::run::generated_tabular(&dir.path().join("data"), 3, 9, "t").unwrap();
+        let inputs: Vec<TaskInput> = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| crate::run::tabular_input(i, t))
+            .collect();
+        for (slipping, missing) in [
+            (None, None),
+            (Some("data_engineer"), Some("X_train.npy")),
+            (Some("modeler"), Some("model.json")),
+            (Some("analyst"), Some("submission.csv")),
+        ] {
+            let rates: BTreeMap<String, f64> =
+                slipping.map(|r| (r.to_string(), 1.0)).into_iter().collect();
+            let teacher = tabular_teacher(&rates, SeedTree::new(1));
+            let work = dir.path().join(format!("work-{slipping:?}"));
+            let engine = RolloutEngine::new(
+                &workflow,
+                teacher
+                    .iter()
+                    .map(|p| p as &dyn mappa_agents::Policy)
+                    .collect(),
+                &sandbox,
+                &work,
+            )
+            .unwrap();
+            for (trajectory, task) in engine.run(&inputs, 1).unwrap().iter().zip(&tasks) {
+                let submission = trajectory.workdir.join("analyst/submission.csv");
+                match (slipping, missing) {
+                    (None, _) => {
+                        let outcome =
+                            mappa_env::tabular::evaluate(task, Some(&submission)).unwrap();
+                        assert!(outcome.success, "{:?}", trajectory.actions);
+                        let scores = outcome.scores.unwrap();
+                        let fit = scores.accuracy.or(scores.r2).unwrap();
+                        assert!(fit > 0.75, "{}: accuracy or r2 {fit}", task.id);
+                    }
+                    (Some(role), Some(file)) => {
+                        let action = trajectory.actions.iter().find(|a| a.role == role).unwrap();
+                        assert!(!action.files_saved.iter().any(|f| f == file), "{role}");
+                        assert!(!submission.exists(), "{role}: no submission after a slip");
+                    }
+                    _ => unreachable!(),
+                }
+            }
+        }
     }
 }
