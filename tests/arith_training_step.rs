@@ -116,6 +116,7 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
         noise_std: None,
         bias: Default::default(),
         seed: 1,
+        judge_against_input: false,
     })
     .unwrap();
     let mut rollout = Vec::new();

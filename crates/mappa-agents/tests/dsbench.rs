@@ -152,6 +152,7 @@ fn coach_scores(t: &Trajectory, g: &GeneratedTask, quality: Option<f64>) -> Vec<
         noise_std: Some(0.0),
         bias: Default::default(),
         seed: 0,
+        judge_against_input: false,
     })
     .unwrap();
     coach

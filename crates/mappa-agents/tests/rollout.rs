@@ -174,6 +174,7 @@ fn the_scripted_coach_scores_every_action_from_the_known_solution() {
         noise_std: Some(0.0),
         bias: Default::default(),
         seed: 0,
+        judge_against_input: false,
     })
     .unwrap();
     let all_tasks = tasks(&problems);

@@ -20,11 +20,11 @@ fn scratch() -> tempfile::TempDir {
     dir
 }
 
-/// Run the quick study into `runs`; returns its directory.
-fn quick_study(runs: &Path) -> PathBuf {
+/// Run the quick study of `experiments/NAME.toml` into `runs`; returns its directory.
+fn quick_study(name: &str, runs: &Path) -> PathBuf {
     let out = Command::new(env!("CARGO_BIN_EXE_mappa"))
         .current_dir(workspace())
-        .args(["reproduce", "arith", "--quick", "--jobs", "2", "--runs-dir"])
+        .args(["reproduce", name, "--quick", "--jobs", "2", "--runs-dir"])
         .arg(runs)
         .output()
         .unwrap();
@@ -43,11 +43,9 @@ fn numbers(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
 }
 
-#[test]
-fn quick_study_writes_a_well_formed_report_and_reproduces() {
-    let runs = scratch();
-    let dir = quick_study(&runs.path().join("first"));
-    let summary = numbers(&dir);
+/// Check a quick study's report and summary against each other; returns the summary.
+fn check_report(dir: &Path, agents: [&str; 3]) -> Value {
+    let summary = numbers(dir);
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert_eq!(summary["quick"], true);
     assert!(report.contains("Quick profile"), "{report}");
@@ -69,7 +67,7 @@ fn quick_study_writes_a_well_formed_report_and_reproduces() {
             steps + 1,
             "{label}: an evaluation before training and after every step"
         );
-        for agent in ["problem_solver", "code_executor", "verifier"] {
+        for agent in agents {
             assert_eq!(
                 arm["reward"][agent].as_array().unwrap().len() as u64,
                 steps,
@@ -92,21 +90,38 @@ fn quick_study_writes_a_well_formed_report_and_reproduces() {
         "The claim does not hold here"
     };
     assert!(report.contains(said), "{report}");
-    for plot in [
-        "accuracy.svg",
-        "coach.svg",
-        "reward-problem_solver.svg",
-        "coach-score-verifier.svg",
-    ] {
+    let plots = [
+        "accuracy.svg".to_string(),
+        "coach.svg".to_string(),
+        format!("reward-{}.svg", agents[0]),
+        format!("coach-score-{}.svg", agents[2]),
+    ];
+    for plot in &plots {
         let svg = std::fs::read_to_string(dir.join(plot)).unwrap();
         assert!(svg.starts_with("<svg"), "{plot}");
-        assert!(report.contains(plot), "{plot} not linked");
+        assert!(report.contains(plot.as_str()), "{plot} not linked");
     }
     // Every run's manifest and log are kept.
     let manifests = std::fs::read_dir(dir.join("manifests")).unwrap().count() as u64;
     assert_eq!(manifests, arms.len() as u64 * seeds);
+    summary
+}
 
+#[test]
+fn arith_quick_study_writes_a_well_formed_report_and_reproduces() {
+    let runs = scratch();
+    let agents = ["problem_solver", "code_executor", "verifier"];
+    let summary = check_report(&quick_study("arith", &runs.path().join("first")), agents);
     // Again, from scratch elsewhere: the same numbers.
-    let again = quick_study(&runs.path().join("second"));
+    let again = quick_study("arith", &runs.path().join("second"));
     assert_eq!(numbers(&again), summary);
+}
+
+#[test]
+fn tabular_quick_study_writes_a_well_formed_report() {
+    let runs = scratch();
+    let dir = quick_study("tabular", runs.path());
+    check_report(&dir, ["data_engineer", "modeler", "analyst"]);
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(report.contains("valid submissions"), "{report}");
 }

@@ -75,7 +75,17 @@ pub struct ScriptedConfig {
     /// Seed of the noise streams.
     #[serde(default)]
     pub seed: u64,
+    /// Judge each action against its own input as well: an action that
+    /// carries forward the value it was handed (the last line of its input,
+    /// less a `Label:` prefix) gets quality at least [`CARRIED_FORWARD`]
+    /// even when that value was already wrong upstream, as a careful judge
+    /// would not blame it for an earlier agent's mistake.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub judge_against_input: bool,
 }
+
+/// The quality of an action that faithfully carried forward its input.
+pub const CARRIED_FORWARD: f64 = 0.6;
 
 /// A simulated coach for generated tasks.
 #[derive(Debug)]
@@ -115,7 +125,11 @@ impl ScriptedCoach {
                 ctx.id
             ))
         })?;
-        let (quality, why) = quality(ctx, solution);
+        let (mut quality, mut why) = quality(ctx, solution);
+        if self.config.judge_against_input && quality < CARRIED_FORWARD && carried_forward(ctx) {
+            quality = CARRIED_FORWARD;
+            why.push_str("; carried its input forward");
+        }
         let (default_noise, discrimination) = self.config.strength.preset();
         let noise_std = self.config.noise_std.unwrap_or(default_noise);
         let bias = self
@@ -184,6 +198,21 @@ fn mentions(text: &str, value: &str) -> bool {
             let after_ok = next.is_none_or(|c| !c.is_alphanumeric()) && !decimal;
             before_ok && after_ok
         })
+}
+
+/// Whether the action restates the value it was handed: the last line of
+/// its input, less a `Label:` prefix (a plan to execute, an output to report).
+fn carried_forward(ctx: &ActionContext) -> bool {
+    let Some(last) = ctx.agent_input.lines().rev().find(|l| !l.trim().is_empty()) else {
+        return false;
+    };
+    let value = last.split_once(": ").map_or(last, |(_, v)| v).trim();
+    let seen = format!(
+        "{}\n{}",
+        ctx.output,
+        ctx.tool_observation.as_deref().unwrap_or("")
+    );
+    !tool_failed(ctx.tool_observation.as_deref()) && mentions(&seen, value)
 }
 
 /// The action's quality in [0, 1] and a short account of it.
@@ -302,6 +331,7 @@ mod tests {
             noise_std: None,
             bias: BTreeMap::new(),
             seed: 1,
+            judge_against_input: false,
         })
         .unwrap()
     }
@@ -338,6 +368,7 @@ mod tests {
             noise_std: Some(0.0),
             bias,
             seed: 1,
+            judge_against_input: false,
         })
         .unwrap()
         .score_one(&ctx)
@@ -347,6 +378,7 @@ mod tests {
             noise_std: Some(0.0),
             bias: BTreeMap::new(),
             seed: 1,
+            judge_against_input: false,
         })
         .unwrap()
         .score_one(&ctx)
@@ -383,5 +415,34 @@ mod tests {
         assert!(!mentions("the value is 512", "51"));
         assert!(!mentions("x = 51.5", "51"));
         assert!(mentions("(51)", "51"));
+    }
+
+    #[test]
+    fn judged_against_input_a_faithful_relay_of_a_wrong_value_is_not_blamed() {
+        let mut config = ScriptedConfig {
+            strength: Strength::Strong,
+            noise_std: Some(0.0),
+            bias: BTreeMap::new(),
+            seed: 1,
+            judge_against_input: false,
+        };
+        let relay = |output: &str| ActionContext {
+            agent_input: "[system]\nBox the printed answer.\n\n[user]\nOutput:\n5".into(),
+            role: "verifier".into(),
+            ..math_ctx(output, None)
+        };
+        let plain = ScriptedCoach::new(config.clone()).unwrap();
+        config.judge_against_input = true;
+        let in_context = ScriptedCoach::new(config).unwrap();
+        let score = |c: &ScriptedCoach, out: &str| c.score_one(&relay(out)).unwrap().score;
+        // Upstream printed 5 (wrong; the answer is 2): boxing it is faithful.
+        assert!(score(&plain, "\\boxed{5}") < 3.0);
+        assert_eq!(score(&in_context, "\\boxed{5}"), 10.0 * CARRIED_FORWARD);
+        // Changing what it was handed is not.
+        assert!(score(&in_context, "\\boxed{50}") < 3.0);
+        // The right answer stays right.
+        assert_eq!(score(&in_context, "\\boxed{2}"), 10.0);
+        // The first agent's input ends with the task, which it does not restate.
+        assert!(!carried_forward(&math_ctx("\\boxed{5}", None)));
     }
 }

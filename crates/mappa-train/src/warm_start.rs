@@ -233,7 +233,11 @@ fn tabular_teacher(error_rates: &BTreeMap<String, f64>, seeds: SeedTree) -> [Scr
         seeds.stream(&format!("teacher/{}", r.stream)).uniform() < p
     };
     let engineer = ScriptedPolicy::new("tabular-teacher-data-engineer", move |r| {
-        let mode = if slipped(&seeds, r, r1) { "raw" } else { "onehot" };
+        let mode = if slipped(&seeds, r, r1) {
+            "raw"
+        } else {
+            "onehot"
+        };
         format!("features: {mode}")
     });
     let modeler = ScriptedPolicy::new("tabular-teacher-modeler", move |r| {
@@ -243,10 +247,16 @@ fn tabular_teacher(error_rates: &BTreeMap<String, f64>, seeds: SeedTree) -> [Scr
             .is_some_and(|m| m.content.contains("Predict the numeric"));
         let right = if numeric { "regress" } else { "classify" };
         let wrong = if numeric { "classify" } else { "regress" };
-        format!("model: {}", if slipped(&seeds, r, r2) { wrong } else { right })
+        format!(
+            "model: {}",
+            if slipped(&seeds, r, r2) { wrong } else { right }
+        )
     });
     let analyst = ScriptedPolicy::new("tabular-teacher-analyst", move |r| {
-        format!("write: {}", if slipped(&seeds, r, r3) { "tsv" } else { "csv" })
+        format!(
+            "write: {}",
+            if slipped(&seeds, r, r3) { "tsv" } else { "csv" }
+        )
     });
     [engineer, modeler, analyst]
 }
@@ -366,8 +376,8 @@ pub fn ensure<B: AutodiffBackend>(
         .expect("a valid template")
         .progress_chars("=> "),
     );
-    let mut report = serde_json::Map::new();
-    for (agent, role) in roles.iter().enumerate() {
+    // The roles' models are independent: tune them at once, one thread each.
+    let tune_role = |agent: usize, role: &String| -> Result<Value, TrainError> {
         let (model, source) = initial
             .get(role)
             .ok_or_else(|| TrainError::Config(format!("warm_start: no model for {role}")))?;
@@ -395,10 +405,22 @@ pub fn ensure<B: AutodiffBackend>(
                     .map_err(|e| TrainError::Model(format!("{file}: {e}")))?;
             }
         }
-        report.insert(
-            role.clone(),
-            json!({ "demonstrations": demos.len(), "epoch_losses": losses }),
-        );
+        Ok(json!({ "demonstrations": demos.len(), "epoch_losses": losses }))
+    };
+    let results: Vec<Result<Value, TrainError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = roles
+            .iter()
+            .enumerate()
+            .map(|(agent, role)| scope.spawn(move || tune_role(agent, role)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a warm-start thread panicked"))
+            .collect()
+    });
+    let mut report = serde_json::Map::new();
+    for (role, result) in roles.iter().zip(results) {
+        report.insert(role.clone(), result?);
     }
     mappa_core::fs::write_atomic(
         &dir.join("done.json"),
