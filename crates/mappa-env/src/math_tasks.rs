@@ -16,6 +16,10 @@
 //! - [`Tier::Counting`]: integers in `[1, N]` divisible by `p` or `q`, or
 //!   `C(n, k) <= 999`.
 //!
+//! A fifth tier, [`Tier::SmallArithmetic`] (`(a op b) op c` with operands up
+//! to 20), is not in the mix: it is for the smallest models, whose copying of
+//! long numbers is what fails first.
+//!
 //! Problem `i` of tier `t` under `seed` is drawn from the stream
 //! `SeedTree::new(seed).stream("math_tasks/{t}/{i}")`. A candidate whose
 //! program equals an earlier problem's of the same batch is redrawn from the
@@ -46,6 +50,9 @@ pub enum Tier {
     DigitSum,
     /// Small counting: divisibility by inclusion-exclusion, or binomial coefficients.
     Counting,
+    /// Chained arithmetic on small numbers: `(a op b) op c`, operands 2 to 20
+    /// (multipliers 2 to 9). Not in [`Tier::ALL`].
+    SmallArithmetic,
 }
 
 impl Tier {
@@ -64,6 +71,7 @@ impl Tier {
             Tier::Modular => "modular",
             Tier::DigitSum => "digit_sum",
             Tier::Counting => "counting",
+            Tier::SmallArithmetic => "small_arithmetic",
         }
     }
 }
@@ -184,7 +192,8 @@ struct Draft {
 fn draft(tier: Tier, s: &mut RngStream) -> Draft {
     let first_form = s.below(2) == 0;
     match (tier, first_form) {
-        (Tier::Arithmetic, _) => arithmetic(s),
+        (Tier::Arithmetic, _) => arithmetic(s, false),
+        (Tier::SmallArithmetic, _) => arithmetic(s, true),
         (Tier::Modular, true) => modular_power(s),
         (Tier::Modular, false) => modular_linear(s),
         (Tier::DigitSum, true) => digit_sum_product(s),
@@ -241,8 +250,9 @@ impl Op {
     }
 }
 
-/// `(a op1 b) op2 c`, redrawn until the intermediate is non-negative and the result in `0..=999`.
-fn arithmetic(s: &mut RngStream) -> Draft {
+/// `(a op1 b) op2 c`, redrawn until the intermediate is non-negative and the
+/// result in `0..=999`; `small`: operands 2 to 20, multipliers 2 to 9.
+fn arithmetic(s: &mut RngStream, small: bool) -> Draft {
     const OPS: [Op; 3] = [Op::Add, Op::Sub, Op::Mul];
     loop {
         let op1 = OPS[s.below(3) as usize];
@@ -252,15 +262,17 @@ fn arithmetic(s: &mut RngStream) -> Draft {
         }
         // Multipliers have one digit; the other operands two digits when a
         // multiplication follows, else two or three.
-        let (a, b) = match (op1, op2) {
-            (Op::Mul, _) => (range(s, 10, 99), range(s, 2, 9)),
-            (_, Op::Mul) => (range(s, 10, 99), range(s, 10, 99)),
+        let (a, b) = match (op1, op2, small) {
+            (Op::Mul, _, true) => (range(s, 2, 20), range(s, 2, 9)),
+            (_, _, true) => (range(s, 2, 20), range(s, 2, 20)),
+            (Op::Mul, _, false) => (range(s, 10, 99), range(s, 2, 9)),
+            (_, Op::Mul, false) => (range(s, 10, 99), range(s, 10, 99)),
             _ => (range(s, 10, 999), range(s, 10, 999)),
         };
-        let c = if op2 == Op::Mul {
-            range(s, 2, 9)
-        } else {
-            range(s, 10, 999)
+        let c = match (op2, small) {
+            (Op::Mul, _) => range(s, 2, 9),
+            (_, true) => range(s, 2, 20),
+            (_, false) => range(s, 10, 999),
         };
         let (a, b, c) = (a as i64, b as i64, c as i64);
         let t = op1.apply(a, b);
@@ -479,6 +491,43 @@ mod tests {
             assert_eq!(json, format!("\"{tier}\""));
             assert_eq!(serde_json::from_str::<Tier>(&json).unwrap(), tier);
         }
+    }
+
+    #[test]
+    fn small_arithmetic_keeps_operands_small_and_answers_right() {
+        let problems = generate(Tier::SmallArithmetic, 300, 5);
+        assert_eq!(problems[0].id, "small_arithmetic-5-0");
+        for p in &problems {
+            let numbers: Vec<i64> = p
+                .expression()
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|w| !w.is_empty())
+                .map(|w| w.parse().unwrap())
+                .collect();
+            assert_eq!(numbers.len(), 3, "{}", p.expression());
+            assert!(
+                numbers.iter().all(|n| (2..=20).contains(n)),
+                "{}",
+                p.expression()
+            );
+            // The expression is Python and TeX-free arithmetic: evaluate it here.
+            let e = p.expression().replace(['(', ')'], "");
+            let t: Vec<&str> = e.split(' ').collect();
+            let apply = |x: i64, op: &str, y: i64| match op {
+                "+" => x + y,
+                "-" => x - y,
+                _ => x * y,
+            };
+            let inner = apply(numbers[0], t[1], numbers[1]);
+            assert_eq!(
+                apply(inner, t[3], numbers[2]),
+                i64::from(p.answer),
+                "{}",
+                p.expression()
+            );
+        }
+        let serde = serde_json::to_string(&Tier::SmallArithmetic).unwrap();
+        assert_eq!(serde, "\"small_arithmetic\"");
     }
 
     #[test]
