@@ -117,6 +117,26 @@ fn exceptions_are_errors_with_the_traceback() {
 }
 
 #[test]
+fn outputs_do_not_name_where_the_run_lives() {
+    // Python puts the program's absolute path in a syntax error; the
+    // sandbox shows it relative to the working directory.
+    let (result, _dir, work) = run_with(config(), "print((1)");
+    assert_eq!(result.status, Status::Error);
+    assert!(result.stderr.contains("SyntaxError"), "{}", result.stderr);
+    assert!(
+        result.stderr.contains("./.mappa/main.py"),
+        "{}",
+        result.stderr
+    );
+    let canonical = work.canonicalize().unwrap();
+    assert!(
+        !result.stderr.contains(&*canonical.to_string_lossy()),
+        "{}",
+        result.stderr
+    );
+}
+
+#[test]
 fn infinite_loop_times_out_and_is_killed() {
     let mut config = config();
     config.limits.wall_time = Duration::from_secs(2);

@@ -309,6 +309,11 @@ fn read_capped(mut pipe: impl Read, cap: usize) -> (Vec<u8>, u64) {
     (kept, total)
 }
 
+/// `text` with every `workdir/` written as `./`.
+fn relative_to(text: &str, workdir: &Path) -> String {
+    text.replace(&format!("{}/", workdir.display()), "./")
+}
+
 /// Lossy UTF-8, with a marker when bytes were dropped.
 fn render_output(kept: Vec<u8>, total: u64) -> (String, bool) {
     let truncated = total > kept.len() as u64;
@@ -513,6 +518,13 @@ pub(super) fn run(
     let (err_kept, err_total) = rx_err.recv_timeout(grace).unwrap_or_default();
     let (stdout, stdout_truncated) = render_output(out_kept, out_total);
     let (stderr, stderr_truncated) = render_output(err_kept, err_total);
+    // Python names the program by its absolute path in tracebacks; show it
+    // relative to the working directory, so that an output (what a coach
+    // reads and a cache key hashes) does not depend on where the run lives.
+    let (stdout, stderr) = (
+        relative_to(&stdout, &workdir),
+        relative_to(&stderr, &workdir),
+    );
 
     if lease.is_some() {
         chown_tree(&workdir, owner.uid(), owner.gid())?;
