@@ -23,6 +23,10 @@ pub struct RunArgs {
     /// Continue the run in this directory from its last checkpoint.
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Start the run in this new directory instead of `RUNS_DIR/<name>-<run id>`
+    /// (`mappa reproduce` names its runs' directories itself).
+    #[arg(long, conflicts_with = "resume")]
+    run_dir: Option<PathBuf>,
     /// Stop after this many training steps in total (the run can be resumed).
     #[arg(long)]
     max_steps: Option<usize>,
@@ -91,7 +95,10 @@ fn feature_name(kind: BackendKind) -> &'static str {
 /// Runs `mappa run`.
 pub fn run_manifest(args: &RunArgs) -> Result<(), String> {
     let manifest = Manifest::load(&args.manifest).map_err(|e| e.to_string())?;
-    let run_dir = prepare(&manifest, args.resume.as_deref(), &args.runs_dir)?;
+    let run_dir = match &args.run_dir {
+        Some(dir) => prepare_in(&manifest, dir)?,
+        None => prepare(&manifest, args.resume.as_deref(), &args.runs_dir)?,
+    };
     let options = RunOptions {
         max_steps: args.max_steps,
         resume: args.resume.is_some(),
@@ -131,11 +138,28 @@ fn prepare(manifest: &Manifest, resume: Option<&Path>, runs_dir: &Path) -> Resul
         return Ok(dir.to_path_buf());
     }
     let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let text = serde_json::to_string_pretty(&lock).map_err(|e| e.to_string())?;
-    mappa_core::fs::write_atomic(&dir.join("manifest.lock.json"), text.as_bytes())
-        .map_err(|e| e.to_string())?;
+    write_lock(&dir, &lock)?;
     Ok(dir)
+}
+
+/// Resolve and lock into `dir`, a new run directory chosen by the caller.
+fn prepare_in(manifest: &Manifest, dir: &Path) -> Result<PathBuf, String> {
+    if dir.join("manifest.lock.json").exists() {
+        return Err(format!(
+            "{}: already a run directory; continue it with --resume",
+            dir.display()
+        ));
+    }
+    let (lock, _) = lock_and_id(manifest)?;
+    write_lock(dir, &lock)?;
+    Ok(dir.to_path_buf())
+}
+
+fn write_lock(dir: &Path, lock: &Value) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let text = serde_json::to_string_pretty(lock).map_err(|e| e.to_string())?;
+    mappa_core::fs::write_atomic(&dir.join("manifest.lock.json"), text.as_bytes())
+        .map_err(|e| e.to_string())
 }
 
 fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> Result<(), String> {

@@ -257,7 +257,9 @@ pub fn run_study(base: &Manifest, options: &StudyOptions) -> Result<PathBuf, Str
 }
 
 /// Run every planned run not already finished, `jobs` at a time (one alone
-/// until the shared warm start is cached).
+/// until the shared warm start is cached). Each child gets the directory
+/// planned here (`--run-dir`): its own run id could differ, since the code
+/// version in the lock may change (a file edited) while the study runs.
 fn execute_plan(
     plan: &[PlannedRun],
     study_dir: &Path,
@@ -319,8 +321,8 @@ fn execute_plan(
             let child = Command::new(&exe)
                 .arg("run")
                 .arg(&manifest_path)
-                .arg("--runs-dir")
-                .arg(study_dir)
+                .arg("--run-dir")
+                .arg(&run.dir)
                 .stdin(Stdio::null())
                 .stdout(log_file.try_clone().map_err(|e| e.to_string())?)
                 .stderr(log_file)
