@@ -90,6 +90,19 @@ pub struct Tasks {
     pub tabular: BTreeMap<String, TabularTask>,
 }
 
+/// What agents see of a generated problem: the whole prompt (with the
+/// boxed-answer instruction) or only the statement.
+pub(crate) fn problem_text(
+    p: &mappa_env::math_tasks::GeneratedProblem,
+    instruction: bool,
+) -> String {
+    if instruction {
+        p.prompt.clone()
+    } else {
+        p.statement().to_string()
+    }
+}
+
 /// A tabular task as agents see it: the cleaned text, the data files; the coach gets the raw text.
 pub(crate) fn tabular_input(group: usize, task: &TabularTask) -> TaskInput {
     let dir = task
@@ -216,11 +229,7 @@ pub fn load_tasks(manifest: &Manifest, data_dir: &Path) -> Result<Tasks, TrainEr
             let task = |group: usize, p: &mappa_env::math_tasks::GeneratedProblem| TaskInput {
                 id: p.id.clone(),
                 group,
-                text: if *instruction {
-                    p.prompt.clone()
-                } else {
-                    p.statement().to_string()
-                },
+                text: problem_text(p, *instruction),
                 ground_truth: Some(p.answer.to_string()),
                 solution: Some(KnownSolution {
                     // The tier, so that a scripted coach can be biased per tier.

@@ -203,11 +203,7 @@ fn arith_pool(
         .map(|(group, p)| TaskInput {
             id: p.id.clone(),
             group,
-            text: if *instruction {
-                p.prompt.clone()
-            } else {
-                p.statement().to_string()
-            },
+            text: crate::run::problem_text(p, *instruction),
             ..Default::default()
         })
         .collect();
