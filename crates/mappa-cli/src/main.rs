@@ -6,7 +6,8 @@
 //! - `mappa run MANIFEST`: train and evaluate as a manifest says.
 //! - `mappa reproduce NAME`: run `experiments/NAME.toml` (or `--dry-run`: the
 //!   plan); a manifest with a `[study]` runs every arm and seed and writes a
-//!   report with a verdict (`--quick`: its CI profile).
+//!   report with a verdict (`--quick`: its CI profile; `--validation`: the study
+//!   on other generated problems, to tune on).
 //! - `mappa eval MANIFEST [--run RUN_DIR]`: held-out accuracy of base models or a checkpoint.
 //! - `mappa ablate NAME --credit a,b,c --seeds N`: credit variants side by side.
 //! - `mappa report RUN_DIR...`: compare runs in a markdown table with plots.

@@ -15,6 +15,8 @@ use mappa_train::manifest::{lock, run_id, BackendKind, DataSpec, Manifest};
 use mappa_train::run::{load_tasks, run, RunOptions};
 use serde_json::Value;
 
+use crate::study::Profile;
+
 /// Arguments of `mappa run`.
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -56,8 +58,11 @@ pub struct ReproduceArgs {
     #[arg(long)]
     dry_run: bool,
     /// The manifest's `[study.quick]` profile: a smoke test of the study (for CI), not a result.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "validation")]
     quick: bool,
+    /// The manifest's `[study.validation]` profile: the study on other generated problems, to choose values on without looking at the held-out set.
+    #[arg(long)]
+    validation: bool,
     /// Runs of a study at once (default: the number of CPUs).
     #[arg(long)]
     jobs: Option<usize>,
@@ -371,25 +376,38 @@ pub fn reproduce(args: &ReproduceArgs) -> Result<(), String> {
         ));
     }
     let manifest = Manifest::load(&path).map_err(|e| e.to_string())?;
-    if args.quick && manifest.study.is_none() {
-        return Err(format!(
-            "{}: --quick is for manifests with a [study]",
-            path.display()
-        ));
+    let profile = match (args.quick, args.validation) {
+        (true, _) => Profile::Quick,
+        (_, true) => Profile::Validation,
+        _ => Profile::Full,
+    };
+    if let Some(key) = profile.key() {
+        let study = manifest.study.as_ref().ok_or_else(|| {
+            format!(
+                "{}: --{key} is for manifests with a [study]",
+                path.display()
+            )
+        })?;
+        crate::study::profile_manifest(&manifest, study, profile)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let missing = missing(&manifest);
     if args.dry_run {
         println!("plan for {} ({}):", manifest.name, path.display());
-        for (what, value) in plan(&manifest)? {
+        let planned = match &manifest.study {
+            Some(study) => crate::study::profile_manifest(&manifest, study, profile)?,
+            None => manifest.clone(),
+        };
+        for (what, value) in plan(&planned)? {
             println!("  {what:<22} {value}");
         }
         if let Some(study) = &manifest.study {
-            let arms = crate::study::arms(&manifest, study, args.quick)?;
+            let arms = crate::study::arms(&manifest, study, profile)?;
             println!(
                 "  {:<22} {} arms x {} seeds: {}",
                 "study",
                 arms.len(),
-                study.seeds,
+                profile.seeds(study)?,
                 arms.iter()
                     .map(|(a, _)| a.label.as_str())
                     .collect::<Vec<_>>()
@@ -424,7 +442,7 @@ pub fn reproduce(args: &ReproduceArgs) -> Result<(), String> {
         let dir = crate::study::run_study(
             &manifest,
             &crate::study::StudyOptions {
-                quick: args.quick,
+                profile,
                 jobs,
                 runs_dir: args.runs_dir.clone(),
             },

@@ -7,13 +7,18 @@
 //! The warm start is shared: the first run makes it alone, the others start
 //! once it is cached. A finished run (same manifest, same code) is reused,
 //! an unfinished one started again.
+//!
+//! A study has up to three profiles: the study itself (the result),
+//! `[study.quick]` (a smoke test for CI) and `[study.validation]` (the same
+//! study on other generated problems, for choosing values without looking
+//! at the held-out set).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mappa_judge::scripted::Strength;
-use mappa_train::manifest::{Manifest, Study};
+use mappa_train::manifest::{Manifest, Study, StudyProfile};
 use serde_json::Value;
 
 use crate::run::{apply_variant, lock_and_id};
@@ -43,10 +48,64 @@ struct PlannedRun {
     dir: PathBuf,
 }
 
+/// Which version of a study to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// The study as the manifest says it: the result.
+    #[default]
+    Full,
+    /// `[study.quick]` (`--quick`): a smoke test for CI, not a result.
+    Quick,
+    /// `[study.validation]` (`--validation`): the study on other generated
+    /// problems, where values may be tuned.
+    Validation,
+}
+
+impl Profile {
+    /// The profile's table under `[study]` and flag (`quick`), if any.
+    pub fn key(self) -> Option<&'static str> {
+        match self {
+            Profile::Full => None,
+            Profile::Quick => Some("quick"),
+            Profile::Validation => Some("validation"),
+        }
+    }
+
+    /// What the study's name gets: `""`, `"-quick"`, `"-validation"`.
+    pub fn suffix(self) -> String {
+        self.key().map(|k| format!("-{k}")).unwrap_or_default()
+    }
+
+    /// The profile's overrides; an error when the manifest lacks them.
+    fn overrides(self, study: &Study) -> Result<Option<&StudyProfile>, String> {
+        let table = match self {
+            Profile::Full => return Ok(None),
+            Profile::Quick => study.quick.as_ref(),
+            Profile::Validation => study.validation.as_ref(),
+        };
+        let key = self.key().unwrap_or_default();
+        table
+            .map(Some)
+            .ok_or_else(|| format!("--{key} needs a [study.{key}] profile in the manifest"))
+    }
+
+    /// Seeds per arm under this profile.
+    pub fn seeds(self, study: &Study) -> Result<u64, String> {
+        let seeds = self
+            .overrides(study)?
+            .and_then(|p| p.seeds)
+            .unwrap_or(study.seeds);
+        if seeds == 0 {
+            return Err("study.seeds: expected at least 1".into());
+        }
+        Ok(seeds)
+    }
+}
+
 /// How to run a study.
 pub struct StudyOptions {
-    /// The `--quick` profile.
-    pub quick: bool,
+    /// Which version of the study.
+    pub profile: Profile,
     /// Runs at once.
     pub jobs: usize,
     /// Where the study directory goes.
@@ -102,26 +161,45 @@ fn slug(label: &str) -> String {
         .join("_")
 }
 
-/// The manifest of the profile: with `--quick`, `study.quick.manifest` merged in.
-pub fn profile_manifest(base: &Manifest, study: &Study, quick: bool) -> Result<Manifest, String> {
-    match study.quick.as_ref().filter(|_| quick) {
-        Some(q) => base
-            .with_overrides(&q.manifest)
-            .map_err(|e| format!("study.quick.manifest: {e}")),
-        None => Ok(base.clone()),
+/// The manifest of a profile: the profile's `manifest` table merged in. A
+/// validation profile must change `data`: otherwise it would evaluate on
+/// the held-out set.
+pub fn profile_manifest(
+    base: &Manifest,
+    study: &Study,
+    profile: Profile,
+) -> Result<Manifest, String> {
+    let Some(overrides) = profile.overrides(study)? else {
+        return Ok(base.clone());
+    };
+    let key = profile.key().unwrap_or_default();
+    let manifest = base
+        .with_overrides(&overrides.manifest)
+        .map_err(|e| format!("study.{key}.manifest: {e}"))?;
+    if profile == Profile::Validation && manifest.data == base.data {
+        return Err(format!(
+            "study.validation.manifest: expected it to change [data] (e.g. data.seed): \
+             as it stands the validation study would evaluate on {}'s held-out set",
+            base.name
+        ));
     }
+    Ok(manifest)
 }
 
 /// The arms of a study and the manifest of each (seed not yet set).
-pub fn arms(base: &Manifest, study: &Study, quick: bool) -> Result<Vec<(Arm, Manifest)>, String> {
-    let profile = study.quick.as_ref().filter(|_| quick);
-    let credit = profile
-        .and_then(|q| q.credit.clone())
+pub fn arms(
+    base: &Manifest,
+    study: &Study,
+    profile: Profile,
+) -> Result<Vec<(Arm, Manifest)>, String> {
+    let overrides = profile.overrides(study)?;
+    let credit = overrides
+        .and_then(|p| p.credit.clone())
         .unwrap_or_else(|| study.credit.clone());
-    let coaches = profile
-        .and_then(|q| q.coaches.clone())
+    let coaches = overrides
+        .and_then(|p| p.coaches.clone())
         .unwrap_or_else(|| study.coaches.clone());
-    let base = profile_manifest(base, study, quick)?;
+    let base = profile_manifest(base, study, profile)?;
     let mut variants = vec![study.method.clone(), study.baseline.clone()];
     variants.extend(credit);
     variants.dedup();
@@ -192,27 +270,18 @@ pub fn run_study(base: &Manifest, options: &StudyOptions) -> Result<PathBuf, Str
         .study
         .as_ref()
         .ok_or_else(|| format!("{}: the manifest has no [study]", base.name))?;
-    if options.quick && study.quick.is_none() {
-        return Err(format!(
-            "{}: --quick needs a [study.quick] profile in the manifest",
-            base.name
-        ));
-    }
-    let seeds = match (options.quick, &study.quick) {
-        (true, Some(q)) => q.seeds.unwrap_or(study.seeds),
-        _ => study.seeds,
-    };
-    if seeds == 0 {
-        return Err("study.seeds: expected at least 1".into());
-    }
-    let name = format!("{}{}", base.name, if options.quick { "-quick" } else { "" });
+    let profile = options.profile;
+    let seeds = profile
+        .seeds(study)
+        .map_err(|e| format!("{}: {e}", base.name))?;
+    let name = format!("{}{}", base.name, profile.suffix());
     let study_dir = options.runs_dir.join(format!("{name}-study"));
     let manifests_dir = study_dir.join("manifests");
     let logs_dir = study_dir.join("logs");
     for dir in [&manifests_dir, &logs_dir] {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    let arms = arms(base, study, options.quick)?;
+    let arms = arms(base, study, profile)?;
     let mut plan = Vec::new();
     for (index, (arm, manifest)) in arms.iter().enumerate() {
         for s in 0..seeds {
@@ -243,9 +312,9 @@ pub fn run_study(base: &Manifest, options: &StudyOptions) -> Result<PathBuf, Str
     crate::study_report::write(&crate::study_report::StudyData {
         name: &name,
         base_name: &base.name,
-        base: &profile_manifest(base, study, options.quick)?,
+        base: &profile_manifest(base, study, profile)?,
         study,
-        quick: options.quick,
+        profile,
         arms: &arms,
         runs: &runs,
         seeds,
@@ -376,7 +445,7 @@ mod tests {
     fn arms_cover_credit_variants_and_coaches_once() {
         let base = arith();
         let study = base.study.clone().expect("arith.toml has a [study]");
-        let arms = arms(&base, &study, false).unwrap();
+        let arms = arms(&base, &study, Profile::Full).unwrap();
         let labels: Vec<&str> = arms.iter().map(|(a, _)| a.label.as_str()).collect();
         assert_eq!(labels[0], study.method);
         assert_eq!(labels[1], study.baseline);
@@ -408,12 +477,33 @@ mod tests {
         let base = arith();
         let mut study = base.study.clone().unwrap();
         study.coaches = vec!["wise".into()];
-        let err = arms(&base, &study, false).unwrap_err();
+        let err = arms(&base, &study, Profile::Full).unwrap_err();
         assert!(err.contains("\"wise\""), "{err}");
         study.coaches = vec![];
         study.credit = vec!["processs".into()];
-        let err = arms(&base, &study, false).unwrap_err();
+        let err = arms(&base, &study, Profile::Full).unwrap_err();
         assert!(err.contains("processs"), "{err}");
+    }
+
+    #[test]
+    fn a_validation_profile_must_draw_other_problems() {
+        let base = arith();
+        let mut study = base.study.clone().unwrap();
+        let validation = profile_manifest(&base, &study, Profile::Validation).unwrap();
+        assert_ne!(validation.data, base.data);
+        assert_eq!(validation.rollout, base.rollout);
+        // Overrides that leave [data] alone would evaluate on the held-out set.
+        study.validation.as_mut().unwrap().manifest = toml::toml! {
+            [rollout]
+            steps = 3
+        };
+        let err = profile_manifest(&base, &study, Profile::Validation).unwrap_err();
+        assert!(err.contains("study.validation.manifest"), "{err}");
+        study.validation = None;
+        let err = arms(&base, &study, Profile::Validation).unwrap_err();
+        assert!(err.contains("[study.validation]"), "{err}");
+        assert_eq!(Profile::Validation.suffix(), "-validation");
+        assert_eq!(Profile::Full.suffix(), "");
     }
 
     #[test]

@@ -18,11 +18,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::report::RunData;
-use crate::study::{Arm, ArmGroup};
+use crate::study::{Arm, ArmGroup, Profile};
 
 /// Everything the report is made from.
 pub struct StudyData<'a> {
-    /// The study's name (`arith`, `arith-quick`).
+    /// The study's name (`arith`, `arith-quick`, `arith-validation`).
     pub name: &'a str,
     /// The experiment's name (`arith`).
     pub base_name: &'a str,
@@ -30,8 +30,8 @@ pub struct StudyData<'a> {
     pub base: &'a Manifest,
     /// The study.
     pub study: &'a Study,
-    /// Whether this is the quick profile.
-    pub quick: bool,
+    /// Which version of the study.
+    pub profile: Profile,
     /// The arms, in order.
     pub arms: &'a [Arm],
     /// Every run: its arm's index and its data.
@@ -269,8 +269,10 @@ pub fn write(data: &StudyData) -> Result<(), String> {
         "# {}: {} credit against {} credit\n\n",
         data.name, verdict.method, verdict.baseline
     );
-    if data.quick {
-        md.push_str(&format!("> **Quick profile** (`--quick`): a smoke test of the study for CI, with too few steps and seeds to support any claim. Run `just reproduce {}` for the result.\n\n", data.base_name));
+    match data.profile {
+        Profile::Full => {}
+        Profile::Quick => md.push_str(&format!("> **Quick profile** (`--quick`): a smoke test of the study for CI, with too few steps and seeds to support any claim. Run `just reproduce {}` for the result.\n\n", data.base_name)),
+        Profile::Validation => md.push_str(&format!("> **Validation profile** (`--validation`): the study on other generated problems (`[study.validation]` changes the data), where values may be chosen; its \"held-out\" tasks are a validation set. The result is `just reproduce {}`, on the held-out set.\n\n", data.base_name)),
     }
     md.push_str(&format!(
         "{}\n\nEverything here is simulated at CPU scale: generated problems, tiny models (one token per byte), and a **scripted coach** (a rule-based judge that knows each problem's solution, not an LLM). Arms: {}; {} seeds each; {} training steps of {} trajectories; held-out accuracy on {} tasks disjoint from training, sampled at temperature {}. {}\n\n",
@@ -395,7 +397,7 @@ pub fn write(data: &StudyData) -> Result<(), String> {
     plots(data, &arms, &agents)?;
     let summary = serde_json::json!({
         "name": data.name,
-        "quick": data.quick,
+        "profile": data.profile.key().unwrap_or("full"),
         "seeds": data.seeds,
         "steps": r.steps,
         "trajectories_per_step": per_step,

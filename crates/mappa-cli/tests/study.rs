@@ -47,7 +47,7 @@ fn numbers(dir: &Path) -> Value {
 fn check_report(dir: &Path, agents: [&str; 3]) -> Value {
     let summary = numbers(dir);
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
-    assert_eq!(summary["quick"], true);
+    assert_eq!(summary["profile"], "quick");
     assert!(report.contains("Quick profile"), "{report}");
     let seeds = summary["seeds"].as_u64().unwrap();
     let arms = summary["arms"].as_array().unwrap();

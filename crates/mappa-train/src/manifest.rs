@@ -336,17 +336,23 @@ pub struct Study {
     pub coach_bias: BTreeMap<String, f64>,
     /// The `--quick` profile (a smoke test, not a result).
     #[serde(default)]
-    pub quick: Option<QuickProfile>,
+    pub quick: Option<StudyProfile>,
+    /// The `--validation` profile: the study on other generated problems
+    /// (its overrides must change `data`), for choosing values without
+    /// looking at the held-out set.
+    #[serde(default)]
+    pub validation: Option<StudyProfile>,
 }
 
 fn three() -> u64 {
     3
 }
 
-/// A smaller study for CI: fewer seeds and arms, and manifest values overridden.
+/// A variant of a study (`[study.quick]`, `[study.validation]`): other seeds
+/// or arms, and manifest values overridden.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct QuickProfile {
+pub struct StudyProfile {
     /// Seeds per arm.
     pub seeds: Option<u64>,
     /// Replaces `study.credit`.
