@@ -49,10 +49,9 @@ struct PlannedRun {
 }
 
 /// Which version of a study to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
     /// The study as the manifest says it: the result.
-    #[default]
     Full,
     /// `[study.quick]` (`--quick`): a smoke test for CI, not a result.
     Quick,
