@@ -381,23 +381,21 @@ pub fn reproduce(args: &ReproduceArgs) -> Result<(), String> {
         (_, true) => Profile::Validation,
         _ => Profile::Full,
     };
-    if let Some(key) = profile.key() {
-        let study = manifest.study.as_ref().ok_or_else(|| {
-            format!(
+    // The manifest the profile runs (checked here, before anything starts).
+    let planned = match (&manifest.study, profile.key()) {
+        (Some(study), _) => crate::study::profile_manifest(&manifest, study, profile)
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        (None, None) => manifest.clone(),
+        (None, Some(key)) => {
+            return Err(format!(
                 "{}: --{key} is for manifests with a [study]",
                 path.display()
-            )
-        })?;
-        crate::study::profile_manifest(&manifest, study, profile)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
+            ))
+        }
+    };
     let missing = missing(&manifest);
     if args.dry_run {
         println!("plan for {} ({}):", manifest.name, path.display());
-        let planned = match &manifest.study {
-            Some(study) => crate::study::profile_manifest(&manifest, study, profile)?,
-            None => manifest.clone(),
-        };
         for (what, value) in plan(&planned)? {
             println!("  {what:<22} {value}");
         }
