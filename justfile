@@ -14,6 +14,10 @@ default:
 test: setup-python
     cargo test --workspace --locked
 
+# The cross-CPU determinism check alone, with its report: other thread counts, cache geometries (as root) and an AVX2-only CPU under qemu-user (about 5 minutes).
+check-determinism:
+    cargo test --locked -p mappa-tests --test determinism -- --nocapture
+
 # Formatting and lints.
 lint:
     cargo fmt --all -- --check

@@ -33,12 +33,22 @@ fn scratch() -> tempfile::TempDir {
     dir
 }
 
-/// Floats rounded to 6 decimals, absolute paths under the repository made relative.
+/// Floats rounded to 5 significant digits (and below 1e-6 to 0: such values
+/// are rounding noise around 0, as in a normalised mean), absolute paths under the
+/// repository made relative. The snapshot pins what a reader checks (scores,
+/// rewards, losses, accuracies); bit-exactness is checked as equality
+/// between two runs here and, across CPU kinds, by `tests/determinism.rs`.
 fn stable(value: Value, root: &str) -> Value {
     match value {
         Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap();
+            let scale = 10f64.powi(4 - x.abs().log10().floor().clamp(-300.0, 300.0) as i32);
             // `+ 0.0` turns -0.0 into 0.0: float noise must not flip a sign in the snapshot.
-            let x = (n.as_f64().unwrap() * 1e6).round() / 1e6 + 0.0;
+            let x = if x.abs() < 1e-6 {
+                0.0
+            } else {
+                (x * scale).round() / scale + 0.0
+            };
             serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
         }
         Value::String(s) => Value::String(s.replace(root, "<repo>")),

@@ -11,10 +11,13 @@ use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::tensor::activation::log_softmax;
-use burn::tensor::backend::AutodiffBackend;
+
 use mappa_core::RngStream;
-use mappa_model::{generate, Family, GenerationConfig, Transformer, TransformerConfig};
+use mappa_model::kernels;
+use mappa_model::{
+    generate, AutodiffModelBackend, Family, GenerationConfig, ModelBackend, Transformer,
+    TransformerConfig,
+};
 
 /// Batch size of every workload.
 pub const BATCH: usize = 8;
@@ -85,7 +88,7 @@ pub fn to_tensor<B: Backend>(ids: &[Vec<u32>], device: &B::Device) -> Tensor<B, 
 }
 
 /// Full-sequence logits, synchronised (the result is read back to the host).
-pub fn forward<B: Backend>(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>) -> f32 {
+pub fn forward<B: ModelBackend>(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>) -> f32 {
     let logits = model.forward(tokens.clone());
     let [b, s, v] = logits.dims();
     logits
@@ -95,13 +98,13 @@ pub fn forward<B: Backend>(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>) -
 }
 
 /// A model and its Adam optimiser (betas 0.9, 0.95, no weight decay).
-pub struct Trainer<B: AutodiffBackend> {
+pub struct Trainer<B: AutodiffModelBackend> {
     /// The model being trained.
     pub model: Transformer<B>,
     optim: OptimizerAdaptor<Adam, Transformer<B>, B>,
 }
 
-impl<B: AutodiffBackend> Trainer<B> {
+impl<B: AutodiffModelBackend> Trainer<B> {
     /// A trainer for a freshly initialised model of `config`.
     pub fn new(config: &TransformerConfig, device: &B::Device) -> Self {
         let optim = AdamConfig::new()
@@ -122,10 +125,10 @@ impl<B: AutodiffBackend> Trainer<B> {
         let v = logits.dims()[2];
         let predictions = logits.slice([0..b, 0..s - 1, 0..v]);
         let targets = tokens.clone().slice([0..b, 1..s]);
-        let picked = log_softmax(predictions, 2)
+        let picked = kernels::log_softmax(predictions)
             .gather(2, targets.unsqueeze_dim::<3>(2))
             .squeeze_dim::<2>(2);
-        let loss = -picked.mean();
+        let loss = -kernels::sum(picked) / (b * (s - 1)) as f64;
         let value: f32 = loss.clone().into_scalar().elem();
         let grads = GradientsParams::from_grads(loss.backward(), &self.model);
         // Module clones share their parameter tensors: this copies no weights.
@@ -140,7 +143,7 @@ impl<B: AutodiffBackend> Trainer<B> {
 }
 
 /// Greedy generation of [`NEW_TOKENS`] for each prompt, EOS disabled; returns the number of new tokens.
-pub fn generate_greedy<B: Backend>(model: &Transformer<B>, prompts: &[Vec<u32>]) -> usize {
+pub fn generate_greedy<B: ModelBackend>(model: &Transformer<B>, prompts: &[Vec<u32>]) -> usize {
     let mut rngs: Vec<RngStream> = (0..prompts.len() as u64).map(RngStream::from_u64).collect();
     let out = generate(
         model,

@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use burn::tensor::backend::AutodiffBackend;
 use clap::Parser;
 use mappa_benches::*;
+use mappa_model::AutodiffModelBackend;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -61,7 +61,11 @@ fn median_seconds(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
-fn run<B: AutodiffBackend>(name: &str, args: &Args, device: &B::Device) -> Vec<serde_json::Value> {
+fn run<B: AutodiffModelBackend>(
+    name: &str,
+    args: &Args,
+    device: &B::Device,
+) -> Vec<serde_json::Value> {
     let mut rows = Vec::new();
     for &size in &args.configs {
         let config = size.config();

@@ -140,6 +140,11 @@ fn prepare(manifest: &Manifest, resume: Option<&Path>, runs_dir: &Path) -> Resul
                 dir.display()
             ));
         }
+        if let Some(warning) =
+            mappa_train::machine::warning("this run was started", &old["machine"], &lock["machine"])
+        {
+            eprintln!("{warning}");
+        }
         return Ok(dir.to_path_buf());
     }
     let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));

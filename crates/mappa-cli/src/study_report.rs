@@ -381,8 +381,9 @@ pub fn write(data: &StudyData) -> Result<(), String> {
         ));
     }
     let tool = "the real Python sandbox (one sandboxed process per Code Executor action)";
+    let machine = mappa_train::machine::record();
     md.push_str(&format!(
-        "\n## Setup\n\n- Workflow: `{}`; tool: {tool}.\n- Warm start: {}.\n- RL: learning rate {}, {} steps, {} prompts x {} samples per step, temperature {}.\n- Manifests of every run: `manifests/`; logs: `logs/`; numbers for machines: `summary.json`.\n- Wall time: {:.1} min with {} runs at once (runs reused from an earlier call count as zero).\n",
+        "\n## Setup\n\n- Workflow: `{}`; tool: {tool}.\n- Warm start: {}.\n- RL: learning rate {}, {} steps, {} prompts x {} samples per step, temperature {}.\n- Manifests of every run: `manifests/`; logs: `logs/`; numbers for machines: `summary.json`.\n- Wall time: {:.1} min with {} runs at once (runs reused from an earlier call count as zero).\n- Machine: {}, {} ({}), {} threads, {} build. Results are bit-identical on every x86-64 CPU with AVX2 and FMA (README, \"Reproducibility\").\n",
         base.workflow.file_name().map_or(String::new(), |f| f.to_string_lossy().into_owned()),
         base.warm_start.as_ref().map_or("none".to_string(), |w| format!(
             "{} demonstrations per role from the scripted `{}` teacher ({} slips at rates {}), {} epochs of supervised training",
@@ -393,11 +394,17 @@ pub fn write(data: &StudyData) -> Result<(), String> {
         base.train.lr, r.steps, r.prompts_per_step, r.samples_per_prompt, r.temperature,
         data.elapsed.as_secs_f64() / 60.0,
         data.jobs,
+        machine["cpu_model"].as_str().unwrap_or("unknown CPU"),
+        machine["arch"].as_str().unwrap_or(""),
+        machine["simd"].as_array().map_or(String::new(), |f| f.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>().join(", ")),
+        machine["threads"],
+        machine["build_profile"].as_str().unwrap_or(""),
     ));
     plots(data, &arms, &agents)?;
     let summary = serde_json::json!({
         "name": data.name,
         "profile": data.profile.key().unwrap_or("full"),
+        "machine": machine,
         "seeds": data.seeds,
         "steps": r.steps,
         "trajectories_per_step": per_step,

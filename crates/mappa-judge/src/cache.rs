@@ -87,6 +87,10 @@ impl CoachCache {
                 raw_response TEXT NOT NULL,
                 score_json TEXT NOT NULL,
                 created_unix INTEGER NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS cache_meta (
+                name TEXT PRIMARY KEY,
+                value TEXT NOT NULL
             );",
         )
         .map_err(|e| err(e.to_string()))?;
@@ -154,6 +158,30 @@ impl CoachCache {
                 json,
                 now
             ],
+        )
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The record of the machine that first wrote to this cache (an opaque
+    /// JSON text: the run's lock-file machine record), if one was noted.
+    pub fn recorded_machine(&self) -> Result<Option<String>, CoachError> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        conn.query_row(
+            "SELECT value FROM cache_meta WHERE name = 'machine'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(|e| self.err(e))
+    }
+
+    /// Note the machine writing to this cache, unless one is already noted.
+    pub fn note_machine(&self, record: &str) -> Result<(), CoachError> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        conn.execute(
+            "INSERT OR IGNORE INTO cache_meta (name, value) VALUES ('machine', ?1)",
+            params![record],
         )
         .map_err(|e| self.err(e))?;
         Ok(())

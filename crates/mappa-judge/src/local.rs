@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use burn::tensor::backend::Backend;
 use mappa_core::hash::{sha256_file, sha256_hex};
 use mappa_core::rng::SeedTree;
+use mappa_model::ModelBackend;
 use mappa_model::{
     generate, ChatMessage, ChatRequest, Checkpoint, GenerationConfig, SamplingConfig, Tokenizer,
 };
@@ -57,7 +58,7 @@ impl<B: Backend> LocalBackend<B> {
     }
 }
 
-impl<B: Backend> ChatBackend for LocalBackend<B>
+impl<B: ModelBackend> ChatBackend for LocalBackend<B>
 where
     Checkpoint<B>: Send,
 {

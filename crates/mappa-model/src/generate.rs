@@ -11,6 +11,7 @@ use mappa_core::RngStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ModelError, Result};
+use crate::kernels::ModelBackend;
 use crate::sampling::{choose, SamplingConfig};
 use crate::tokenizer::Tokenizer;
 use crate::transformer::{Transformer, Window};
@@ -71,7 +72,7 @@ pub struct Generation {
 /// `rngs` holds one stream per prompt (greedy decoding draws nothing from
 /// them). `tokenizer` decodes the text and checks stop strings; without one,
 /// `text` is empty and stop strings are an error.
-pub fn generate<B: Backend>(
+pub fn generate<B: ModelBackend>(
     model: &Transformer<B>,
     tokenizer: Option<&dyn Tokenizer>,
     prompts: &[Vec<u32>],
@@ -181,7 +182,7 @@ impl Row {
 }
 
 /// Logits of the last column of each row, on the host.
-fn last_logits<B: Backend>(model: &Transformer<B>, hidden: Tensor<B, 3>) -> Vec<Vec<f32>> {
+fn last_logits<B: ModelBackend>(model: &Transformer<B>, hidden: Tensor<B, 3>) -> Vec<Vec<f32>> {
     let [batch, len, h] = hidden.dims();
     let last = hidden.slice([0..batch, len - 1..len, 0..h]);
     let logits = model.logits(last);

@@ -11,8 +11,13 @@
 //! - [`logprobs`]: teacher-forced per-token log-probs, differentiable under an
 //!   autodiff backend, for the trainer.
 //!
-//! All model code is generic over `B: Backend`; the concrete backend is chosen
-//! by the caller ([`backend`] names the ones this crate was built with).
+//! - [`kernels`] (the `mappa-kernels` crate, re-exported): the operations
+//!   whose floating-point results mappa pins itself ([`ModelBackend`]),
+//!   bit-identical across x86-64 CPUs on the CPU backend.
+//!
+//! All model code is generic over `B: ModelBackend` (a burn `Backend` with
+//! those operations); the concrete backend is chosen by the caller
+//! ([`backend`] names the ones this crate was built with).
 
 pub mod backend;
 pub mod cache;
@@ -22,6 +27,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod logprobs;
+pub mod norm;
 pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
@@ -35,6 +41,7 @@ pub use config::{Family, TransformerConfig};
 pub use error::{ModelError, Result};
 pub use generate::{generate, FinishReason, Generation, GenerationConfig};
 pub use logprobs::{completion_logprobs, CompletionLogprobs};
+pub use mappa_kernels::{self as kernels, AutodiffModelBackend, ModelBackend};
 pub use sampling::SamplingConfig;
 pub use tokenizer::{HfTokenizer, Tokenizer};
 pub use transformer::Transformer;

@@ -16,9 +16,9 @@
 //! differentiable with respect to the model's weights.
 
 use burn::prelude::*;
-use burn::tensor::activation::log_softmax;
 
 use crate::error::{ModelError, Result};
+use crate::kernels::{self, ModelBackend};
 use crate::transformer::{Transformer, Window};
 
 /// Per-token log-probs of a batch of completions.
@@ -39,7 +39,7 @@ pub struct CompletionLogprobs<B: Backend> {
 /// Computes `log p(completion_t | prompt, completion_<t)` for every
 /// completion token of every pair, at temperature `temperature` (use the
 /// sampling temperature of the rollout; 1 for greedy).
-pub fn completion_logprobs<B: Backend>(
+pub fn completion_logprobs<B: ModelBackend>(
     model: &Transformer<B>,
     pairs: &[(&[u32], &[u32])],
     temperature: f32,
@@ -101,7 +101,7 @@ pub fn completion_logprobs<B: Backend>(
     if temperature != 1.0 {
         logits = logits / temperature as f64;
     }
-    let log_probs = log_softmax(logits, 2);
+    let log_probs = kernels::log_softmax(logits);
     let targets =
         Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [batch, c_width]), &device);
     let mask = Tensor::<B, 2>::from_data(TensorData::new(mask, [batch, c_width]), &device);

@@ -9,6 +9,7 @@
 use burn::prelude::*;
 
 use crate::config::{Llama3RopeScaling, RopeConfig};
+use crate::kernels::{self, ModelBackend};
 
 /// The inverse frequencies of one head, and the means to rotate queries and keys.
 #[derive(Debug, Clone)]
@@ -98,13 +99,13 @@ impl Rope {
     }
 }
 
-impl<B: Backend> RopeTables<B> {
+impl<B: ModelBackend> RopeTables<B> {
     /// Rotates `x`: `x * cos + rotate_half(x) * sin`.
     ///
     /// # Shapes
     /// - `x`: `[tokens * heads, head_dim]`; returns the same shape.
     pub fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let rotated = x.clone().matmul(self.rotate.clone());
+        let rotated = kernels::matmul(x.clone(), self.rotate.clone());
         x * self.cos.clone() + rotated * self.sin.clone()
     }
 }

@@ -10,13 +10,15 @@
 //! the weight by the (few) token rows rather than the other way round.
 
 use burn::module::Param;
-use burn::nn::{Embedding, RmsNorm};
+use burn::nn::Embedding;
 use burn::prelude::*;
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::silu;
 
 use crate::cache::KvCache;
 use crate::config::TransformerConfig;
 use crate::error::Result;
+use crate::kernels::{self, ModelBackend};
+use crate::norm::RmsNorm;
 use crate::rope::{Rope, RopeTables};
 
 /// Grouped-query self-attention with optional QK-norm and projection biases.
@@ -113,16 +115,16 @@ const FEW_ROWS: usize = 64;
 ///
 /// # Shapes
 /// - `x`: `[rows, in]`; returns `[rows, out]`.
-fn dense_forward<B: Backend>(
+fn dense_forward<B: ModelBackend>(
     weight: Tensor<B, 2>,
     bias: Option<Tensor<B, 1>>,
     x: Tensor<B, 2>,
 ) -> Tensor<B, 2> {
     let rows = x.dims()[0];
     let y = if rows <= FEW_ROWS {
-        weight.matmul(x.transpose()).transpose()
+        kernels::matmul(weight, x.transpose()).transpose()
     } else {
-        x.matmul(weight.transpose())
+        kernels::matmul(x, weight.transpose())
     };
     match bias {
         Some(b) => y + b.unsqueeze::<2>(),
@@ -130,7 +132,7 @@ fn dense_forward<B: Backend>(
     }
 }
 
-impl<B: Backend> Dense<B> {
+impl<B: ModelBackend> Dense<B> {
     /// # Shapes
     /// - `x`: `[rows, in]`; returns `[rows, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
@@ -138,7 +140,7 @@ impl<B: Backend> Dense<B> {
     }
 }
 
-impl<B: Backend> Attention<B> {
+impl<B: ModelBackend> Attention<B> {
     /// Attends over the cached keys and values plus the new ones.
     ///
     /// # Shapes
@@ -173,16 +175,19 @@ impl<B: Backend> Attention<B> {
             None => (k, v),
         };
         // Grouped-query attention without copying keys: the `rep` query
-        // heads of a group broadcast against their one key/value head.
-        let scores = q.matmul(k.unsqueeze_dim::<5>(2).swap_dims(3, 4)) + inputs.bias.clone();
-        let probs = softmax(scores, 4);
-        let out = probs.matmul(v.unsqueeze_dim::<5>(2)); // [b, kvh, rep, s, hd]
+        // heads of a group are stacked as rows against their one key/value head.
+        let t = k.dims()[2];
+        let q = q.reshape([b, kvh, rep * s, hd]);
+        let scores = kernels::matmul(q, k.swap_dims(2, 3))
+            + inputs.bias.clone().reshape([b, kvh, rep * s, t]);
+        let probs = kernels::softmax(scores);
+        let out = kernels::matmul(probs, v).reshape([b, kvh, rep, s, hd]);
         let out = out.permute([0, 3, 1, 2, 4]).reshape([n, h * hd]);
         self.o_proj.forward(out)
     }
 }
 
-impl<B: Backend> Mlp<B> {
+impl<B: ModelBackend> Mlp<B> {
     /// # Shapes
     /// - `x`: `[tokens, hidden]`; returns the same shape.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
@@ -195,7 +200,7 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-impl<B: Backend> DecoderLayer<B> {
+impl<B: ModelBackend> DecoderLayer<B> {
     /// # Shapes
     /// - `x`: `[tokens, hidden]`; returns the same shape.
     pub fn forward(
@@ -313,6 +318,20 @@ impl<B: Backend> Transformer<B> {
         self.embed_tokens.weight.device()
     }
 
+    /// An empty KV cache for `batch` rows of up to `capacity` columns.
+    pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache<B> {
+        KvCache::new(
+            self.config.num_layers,
+            batch,
+            self.config.num_kv_heads,
+            capacity,
+            self.config.head_dim,
+            &self.device(),
+        )
+    }
+}
+
+impl<B: ModelBackend> Transformer<B> {
     /// Runs the decoder over one window of a left-padded batch and returns
     /// the final hidden states (after the last norm). With a cache, the
     /// window's keys and values are appended to it and attention also covers
@@ -391,26 +410,11 @@ impl<B: Backend> Transformer<B> {
         };
         self.logits(self.forward_hidden(tokens, &window, None))
     }
-
-    /// An empty KV cache for `batch` rows of up to `capacity` columns.
-    pub fn new_cache(&self, batch: usize, capacity: usize) -> KvCache<B> {
-        KvCache::new(
-            self.config.num_layers,
-            batch,
-            self.config.num_kv_heads,
-            capacity,
-            self.config.head_dim,
-            &self.device(),
-        )
-    }
 }
 
 /// An RMSNorm with the given weights.
 pub(crate) fn rms_norm<B: Backend>(gamma: Tensor<B, 1>, epsilon: f64) -> RmsNorm<B> {
-    RmsNorm {
-        gamma: Param::from_tensor(gamma),
-        epsilon,
-    }
+    RmsNorm::new(gamma, epsilon)
 }
 
 /// A dense layer from an `[out, in]` weight and an optional bias.

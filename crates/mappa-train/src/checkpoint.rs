@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use burn::module::ParamId;
 use burn::optim::Optimizer;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
-use burn::tensor::backend::AutodiffBackend;
 use mappa_core::hash::sha256_file;
 use mappa_core::rng::RngState;
 use mappa_model::weights::{load_transformer, save_transformer};
+use mappa_model::AutodiffModelBackend;
 use mappa_model::StorageDtype;
 use serde::{Deserialize, Serialize};
 
@@ -145,7 +145,7 @@ fn files_beneath(root: &Path) -> Result<Vec<String>, TrainError> {
 }
 
 /// Save `learners` and `state` to `dir` (replacing an older checkpoint there).
-pub fn save_checkpoint<B: AutodiffBackend>(
+pub fn save_checkpoint<B: AutodiffModelBackend>(
     dir: &Path,
     learners: &[&AgentLearner<B>],
     state: &TrainerState,
@@ -215,7 +215,7 @@ pub fn verify_checkpoint(dir: &Path) -> Result<(), TrainError> {
 
 /// Restore `learners` (built as for a fresh run: same names, configs and
 /// base model) from the checkpoint in `dir`; returns the run-level state.
-pub fn load_checkpoint<B: AutodiffBackend>(
+pub fn load_checkpoint<B: AutodiffModelBackend>(
     dir: &Path,
     learners: &mut [AgentLearner<B>],
 ) -> Result<TrainerState, TrainError> {

@@ -6,8 +6,8 @@ use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
-use mappa_model::{completion_logprobs, Transformer};
+use mappa_model::AutodiffModelBackend;
+use mappa_model::{completion_logprobs, ModelBackend, Transformer};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
@@ -69,7 +69,7 @@ pub struct StepMetrics {
 }
 
 /// An agent's policy, reference and optimiser.
-pub struct AgentLearner<B: AutodiffBackend> {
+pub struct AgentLearner<B: AutodiffModelBackend> {
     name: String,
     policy: Transformer<B>,
     reference: Transformer<B::InnerBackend>,
@@ -78,7 +78,7 @@ pub struct AgentLearner<B: AutodiffBackend> {
     step: usize,
 }
 
-impl<B: AutodiffBackend> AgentLearner<B> {
+impl<B: AutodiffModelBackend> AgentLearner<B> {
     /// A learner whose reference is a frozen copy of `policy`.
     pub fn new(
         name: impl Into<String>,
@@ -283,7 +283,7 @@ impl<B: AutodiffBackend> AgentLearner<B> {
     }
 }
 
-fn logprobs<B: Backend>(
+fn logprobs<B: ModelBackend>(
     model: &Transformer<B>,
     pairs: &[(&[u32], &[u32])],
     temperature: f64,

@@ -26,6 +26,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod learner;
 pub mod loss;
+pub mod machine;
 pub mod manifest;
 pub mod params;
 pub mod policy;

@@ -4,6 +4,7 @@
 
 use burn::prelude::*;
 use mappa_credit::shaping::KlEstimator;
+use mappa_model::kernels::{self, ModelBackend};
 
 /// Loss settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,7 +57,7 @@ pub struct LossOutput<B: Backend> {
 /// `A_t < 0` use `max(that minimum, c A_t)`. Dividing by the number of valid
 /// tokens in the whole optimiser step (not in the micro-batch) makes
 /// accumulated micro-batch gradients equal the full-batch gradient.
-pub fn ppo_clip_loss<B: Backend>(
+pub fn ppo_clip_loss<B: ModelBackend>(
     inputs: LossInputs<B>,
     config: &LossConfig,
     normaliser: f64,
@@ -78,7 +79,7 @@ pub fn ppo_clip_loss<B: Backend>(
         let dual = objective.clone().max_pair(floor);
         objective = objective.mask_where(advantages.lower_elem(0.0), dual);
     }
-    let mut loss = (objective * mask.clone()).sum().neg() / normaliser;
+    let mut loss = kernels::sum(objective * mask.clone()).neg() / normaliser;
     let diff = logprobs - ref_logprobs;
     let kl = |d: Tensor<B, 2>, estimator: KlEstimator| match estimator {
         KlEstimator::K1 => d,
@@ -87,13 +88,13 @@ pub fn ppo_clip_loss<B: Backend>(
     };
     let estimator = config.kl_in_loss.map_or(KlEstimator::K1, |(_, e)| e);
     let kl_tokens = kl(diff, estimator) * mask;
-    let kl_sum = kl_tokens.clone().sum().into_scalar().elem::<f64>();
+    let kl_sum = kernels::sum(kl_tokens.clone()).into_scalar().elem::<f64>();
     if let Some((beta, _)) = config.kl_in_loss {
-        loss = loss + kl_tokens.sum() * (beta / normaliser);
+        loss = loss + kernels::sum(kl_tokens) * (beta / normaliser);
     }
     LossOutput {
         loss,
-        clipped_tokens: clip_active.sum().into_scalar().elem::<f64>(),
+        clipped_tokens: kernels::sum(clip_active).into_scalar().elem::<f64>(),
         kl_sum,
     }
 }

@@ -588,22 +588,23 @@ fn code_version(dir: &Path) -> Value {
 }
 
 /// The lock file's content: the manifest as resolved, the resolved hashes,
-/// the code version, crate versions and the machine.
+/// the code version, crate versions and the machine ([`crate::machine::record`]).
 pub fn lock(manifest: &Manifest, resolved: Value, source_dir: &Path) -> Value {
     json!({
         "manifest": manifest,
         "resolved": resolved,
         "code": code_version(source_dir),
         "crates": { "mappa": env!("CARGO_PKG_VERSION"), "burn": "0.21.0" },
-        "machine": {
-            "os": std::env::consts::OS,
-            "arch": std::env::consts::ARCH,
-            "cpus": std::thread::available_parallelism().map_or(1, |n| n.get()),
-        },
+        "machine": crate::machine::record(),
     })
 }
 
-/// The run id: the sha256 of the lock's canonical JSON.
+/// The run id: the sha256 of the lock's canonical JSON without the machine
+/// record, so that the same experiment has the same id on every machine.
 pub fn run_id(lock: &Value) -> String {
+    let mut lock = lock.clone();
+    if let Some(object) = lock.as_object_mut() {
+        object.remove("machine");
+    }
     sha256_hex(lock.to_string().as_bytes())
 }

@@ -9,7 +9,8 @@ use std::marker::PhantomData;
 use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
+use mappa_model::kernels;
+use mappa_model::AutodiffModelBackend;
 
 struct SquaredNorm<'a, B> {
     grads: &'a GradientsParams,
@@ -17,10 +18,10 @@ struct SquaredNorm<'a, B> {
     backend: PhantomData<B>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_, B> {
+impl<B: AutodiffModelBackend> ModuleVisitor<B> for SquaredNorm<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            self.total += g.powi_scalar(2).sum().into_scalar().elem::<f64>();
+            self.total += kernels::sum(g.powi_scalar(2)).into_scalar().elem::<f64>();
         }
     }
 }
@@ -31,7 +32,7 @@ struct Scale<'a, B> {
     backend: PhantomData<B>,
 }
 
-impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
+impl<B: AutodiffModelBackend> ModuleVisitor<B> for Scale<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
             self.grads.register(param.id, g * self.factor);
@@ -40,7 +41,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
 }
 
 /// The L2 norm of all of `module`'s gradients together.
-pub fn global_grad_norm<B: AutodiffBackend, M: Module<B>>(
+pub fn global_grad_norm<B: AutodiffModelBackend, M: Module<B>>(
     module: &M,
     grads: &GradientsParams,
 ) -> f64 {
@@ -55,7 +56,7 @@ pub fn global_grad_norm<B: AutodiffBackend, M: Module<B>>(
 
 /// Scale all gradients so that their global norm is at most `max_norm`;
 /// returns the norm before clipping.
-pub fn clip_global_grad_norm<B: AutodiffBackend, M: Module<B>>(
+pub fn clip_global_grad_norm<B: AutodiffModelBackend, M: Module<B>>(
     module: &M,
     grads: &mut GradientsParams,
     max_norm: f64,

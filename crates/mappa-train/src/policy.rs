@@ -9,7 +9,7 @@ use mappa_agents::{AgentError, Policy, PolicyOutput, PolicyRequest};
 use mappa_core::rng::SeedTree;
 use mappa_model::{
     generate, ChatMessage, ChatRequest, ChatTemplate, FinishReason, GenerationConfig, HfTokenizer,
-    Tokenizer, Transformer,
+    ModelBackend, Tokenizer, Transformer,
 };
 
 /// One agent's model, generating.
@@ -47,7 +47,7 @@ impl<'a, B: Backend> ModelPolicy<'a, B> {
     }
 }
 
-impl<B: Backend> Policy for ModelPolicy<'_, B>
+impl<B: ModelBackend> Policy for ModelPolicy<'_, B>
 where
     Transformer<B>: Send,
 {

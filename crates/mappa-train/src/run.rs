@@ -14,7 +14,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::module::AutodiffModule;
-use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use mappa_agents::{
     action_contexts, ActionRecord, Policy, RemotePolicy, RolloutEngine, TaskInput, Trajectory,
@@ -32,6 +31,7 @@ use mappa_judge::cache::CacheMode;
 use mappa_judge::openai::OpenAiConfig;
 use mappa_judge::{ActionScore, Coach, KnownSolution};
 use mappa_model::weights::load_transformer;
+use mappa_model::AutodiffModelBackend;
 use mappa_model::{ChatTemplate, GenerationConfig, HfTokenizer, SamplingConfig, TransformerConfig};
 use serde_json::{json, Value};
 
@@ -463,7 +463,7 @@ struct AgentModel {
 }
 
 /// Everything a run holds.
-struct Runner<'a, B: AutodiffBackend> {
+struct Runner<'a, B: AutodiffModelBackend> {
     manifest: &'a Manifest,
     workflow: Workflow,
     models: Vec<AgentModel>,
@@ -475,7 +475,7 @@ struct Runner<'a, B: AutodiffBackend> {
     tabular: BTreeMap<String, TabularTask>,
 }
 
-impl<B: AutodiffBackend> Runner<'_, B>
+impl<B: AutodiffModelBackend> Runner<'_, B>
 where
     mappa_model::Transformer<B::InnerBackend>: Send,
 {
@@ -767,8 +767,39 @@ where
 /// A runner with the training and held-out tasks.
 type Built<'a, B> = (Runner<'a, B>, Vec<TaskInput>, Vec<TaskInput>);
 
+/// Notes this machine in a coach cache being recorded, and warns once when
+/// a replayed cache was recorded on a machine that differs.
+fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<(), TrainError> {
+    let (Some(path), mode) = (&config.cache, config.cache_mode) else {
+        return Ok(());
+    };
+    if mode == CacheMode::Off {
+        return Ok(());
+    }
+    let cache_error = |e: mappa_judge::CoachError| TrainError::Config(e.to_string());
+    let cache = mappa_judge::cache::CoachCache::open(path, mode).map_err(cache_error)?;
+    let here = crate::machine::record();
+    match (mode, cache.recorded_machine().map_err(cache_error)?) {
+        (CacheMode::Replay, Some(recorded)) => {
+            let recorded: serde_json::Value = serde_json::from_str(&recorded).unwrap_or_default();
+            if let Some(warning) = crate::machine::warning(
+                &format!("the coach cache {} was recorded", path.display()),
+                &recorded,
+                &here,
+            ) {
+                eprintln!("{warning}");
+            }
+        }
+        (CacheMode::ReadWrite, None) => {
+            cache.note_machine(&here.to_string()).map_err(cache_error)?
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 /// Load the workflow, tasks, models, coach (when `coach` is true) and sandbox of a manifest.
-fn build_runner<'a, B: AutodiffBackend>(
+fn build_runner<'a, B: AutodiffModelBackend>(
     manifest: &'a Manifest,
     run_dir: &Path,
     coach: bool,
@@ -843,6 +874,7 @@ where
         if let Some(mode) = coach_mode {
             config.cache_mode = mode;
         }
+        compare_cache_machine(&config)?;
         Some(
             config
                 .build()
@@ -872,7 +904,7 @@ where
 
 /// Evaluate the base models, or a run's checkpoint, on the manifest's
 /// held-out tasks; appends the result to `out_dir/eval.jsonl` and returns it.
-pub fn evaluate<B: AutodiffBackend>(
+pub fn evaluate<B: AutodiffModelBackend>(
     manifest: &Manifest,
     out_dir: &Path,
     checkpoint: Option<&Path>,
@@ -900,7 +932,7 @@ where
 
 /// Run (or resume) the manifest's training in `run_dir`. Returns the final
 /// evaluation's metrics line.
-pub fn run<B: AutodiffBackend>(
+pub fn run<B: AutodiffModelBackend>(
     manifest: &Manifest,
     run_dir: &Path,
     options: &RunOptions,

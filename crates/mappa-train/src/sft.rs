@@ -5,8 +5,9 @@
 
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::tensor::backend::AutodiffBackend;
 use mappa_core::rng::SeedTree;
+use mappa_model::kernels;
+use mappa_model::AutodiffModelBackend;
 use mappa_model::{completion_logprobs, Transformer};
 use serde::{Deserialize, Serialize};
 
@@ -49,7 +50,7 @@ pub type SftLosses = Vec<f64>;
 
 /// Fine-tune `model` on `demos`; returns the model and the mean loss of each
 /// epoch. `on_epoch(epoch, mean loss)` is called after each epoch (for progress).
-pub fn supervised_finetune<B: AutodiffBackend>(
+pub fn supervised_finetune<B: AutodiffModelBackend>(
     mut model: Transformer<B>,
     demos: &[Demonstration],
     config: &SftConfig,
@@ -85,7 +86,7 @@ pub fn supervised_finetune<B: AutodiffBackend>(
             let count: usize = pairs.iter().map(|(_, c)| c.len()).sum();
             let out = completion_logprobs(&model, &pairs, 1.0)
                 .map_err(|e| TrainError::Model(e.to_string()))?;
-            let loss = (out.logprobs * out.mask).sum().neg() / count as f64;
+            let loss = kernels::sum(out.logprobs * out.mask).neg() / count as f64;
             let value = loss.clone().into_scalar().elem::<f64>();
             if !value.is_finite() {
                 return Err(TrainError::NonFinite(format!(

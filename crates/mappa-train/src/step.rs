@@ -4,8 +4,8 @@
 //! list of [`TrainSample`]s per agent. Each agent's samples are only its own
 //! actions.
 
-use burn::tensor::backend::AutodiffBackend;
 use mappa_credit::{CreditConfig, KlPlacement, SampleKey, ScoredAction, ScoredTrajectory};
+use mappa_model::AutodiffModelBackend;
 use serde::{Deserialize, Serialize};
 
 use crate::learner::{AgentLearner, TrainSample};
@@ -51,7 +51,7 @@ pub fn loss_config(train: &TrainConfig, credit: &CreditConfig) -> LossConfig {
 
 /// Turn a step's trajectories into training samples, one list per learner
 /// (indexed like `learners`).
-pub fn build_samples<B: AutodiffBackend>(
+pub fn build_samples<B: AutodiffModelBackend>(
     learners: &[AgentLearner<B>],
     trajectories: &[RolloutTrajectory],
     credit: &CreditConfig,

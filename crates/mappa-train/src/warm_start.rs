@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use burn::tensor::backend::AutodiffBackend;
 use mappa_agents::{PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Workflow};
 use mappa_core::hash::sha256_hex;
 use mappa_core::rng::SeedTree;
@@ -17,6 +16,7 @@ use mappa_env::datasets::normalize_problem_text;
 use mappa_env::math_tasks::{generate_mix_of, GeneratedProblem, Tier};
 use mappa_env::sandbox::Sandbox;
 use mappa_model::weights::save_transformer;
+use mappa_model::AutodiffModelBackend;
 use mappa_model::{
     ChatMessage, ChatRequest, ChatTemplate, HfTokenizer, StorageDtype, Tokenizer, Transformer,
 };
@@ -320,7 +320,7 @@ pub fn cache_dir(manifest: &Manifest, resolved: &Value, cache_root: &Path) -> Pa
 }
 
 /// Make (or reuse) the warm-started model of every role; returns their directories.
-pub fn ensure<B: AutodiffBackend>(
+pub fn ensure<B: AutodiffModelBackend>(
     manifest: &Manifest,
     warm: &WarmStart,
     workflow: &Workflow,

@@ -103,7 +103,10 @@ impl<Bk: Backend> ModuleMapper<Bk> for Nudge<'_> {
     }
 }
 
-fn loss_value<Bk: Backend>(model: &Transformer<Bk>, batch: &[TrainSample]) -> (Tensor<Bk, 1>, f64) {
+fn loss_value<Bk: mappa_model::ModelBackend>(
+    model: &Transformer<Bk>,
+    batch: &[TrainSample],
+) -> (Tensor<Bk, 1>, f64) {
     let pairs: Vec<(&[u32], &[u32])> = batch
         .iter()
         .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))

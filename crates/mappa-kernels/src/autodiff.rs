@@ -1,0 +1,278 @@
+//! [`ModelBackend`] under automatic differentiation: each operation is one
+//! node of burn's autodiff graph whose backward pass calls the inner
+//! backend's kernels, so gradients are summed in the same fixed order as the
+//! forward pass.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{binary, unary, Backward, Ops, OpsKind};
+use burn::backend::Autodiff;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Shape, TensorMetadata};
+
+use super::ModelBackend;
+
+impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Matmul;
+
+        impl<B: ModelBackend> Backward<B, 2> for Matmul {
+            /// The right operand when the left needs a gradient, and the reverse.
+            type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (lhs, rhs) = ops.state;
+                binary::<B, _, _>(
+                    ops.parents,
+                    ops.node,
+                    grads,
+                    |grad| {
+                        B::matmul(
+                            grad,
+                            B::float_transpose(rhs.expect("rhs kept for lhs grad")),
+                        )
+                    },
+                    |grad| {
+                        B::matmul(
+                            B::float_transpose(lhs.expect("lhs kept for rhs grad")),
+                            grad,
+                        )
+                    },
+                );
+            }
+        }
+
+        let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
+        match Matmul
+            .prepare::<C>([lhs.node.clone(), rhs.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let state = (
+                    rhs_tracked.then(|| lhs.primitive.clone()),
+                    lhs_tracked.then(|| rhs.primitive.clone()),
+                );
+                prep.finish(state, B::matmul(lhs.primitive, rhs.primitive))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::matmul(lhs.primitive, rhs.primitive)),
+        }
+    }
+
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct RmsNorm;
+
+        impl<B: ModelBackend> Backward<B, 2> for RmsNorm {
+            type State = (FloatTensor<B>, FloatTensor<B>, f64);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (x, gamma, epsilon) = ops.state;
+                let grad = grads.consume::<B>(&ops.node);
+                let (dx, dgamma) = B::rms_norm_backward(x, gamma, grad, epsilon);
+                let [x_node, gamma_node] = ops.parents;
+                if let Some(node) = x_node {
+                    grads.register::<B>(node.id, dx);
+                }
+                if let Some(node) = gamma_node {
+                    grads.register::<B>(node.id, dgamma);
+                }
+            }
+        }
+
+        match RmsNorm
+            .prepare::<C>([x.node.clone(), gamma.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let state = (x.primitive.clone(), gamma.primitive.clone(), epsilon);
+                prep.finish(state, B::rms_norm(x.primitive, gamma.primitive, epsilon))
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rms_norm(x.primitive, gamma.primitive, epsilon))
+            }
+        }
+    }
+
+    fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Softmax;
+
+        impl<B: ModelBackend> Backward<B, 1> for Softmax {
+            /// The output.
+            type State = FloatTensor<B>;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let y = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::softmax_last_backward(y, grad)
+                });
+            }
+        }
+
+        match Softmax
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::softmax_last(x.primitive);
+                prep.finish(y.clone(), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::softmax_last(x.primitive)),
+        }
+    }
+
+    fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct LogSoftmax;
+
+        impl<B: ModelBackend> Backward<B, 1> for LogSoftmax {
+            /// The output.
+            type State = FloatTensor<B>;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let y = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::log_softmax_last_backward(y, grad)
+                });
+            }
+        }
+
+        match LogSoftmax
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let y = B::log_softmax_last(x.primitive);
+                prep.finish(y.clone(), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::log_softmax_last(x.primitive)),
+        }
+    }
+
+    fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Sum;
+
+        impl<B: ModelBackend> Backward<B, 1> for Sum {
+            /// The input's shape.
+            type State = Shape;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let shape = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    // The gradient of a sum reaches every element unchanged.
+                    let ones = Shape::from(vec![1; shape.num_dims()]);
+                    B::float_expand(B::float_reshape(grad, ones), shape)
+                });
+            }
+        }
+
+        match Sum
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let shape = x.primitive.shape();
+                prep.finish(shape, B::sum(x.primitive))
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::sum(x.primitive)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, Flex as Cpu};
+    use burn::prelude::*;
+    use burn::tensor::Tolerance;
+
+    type CpuAutodiff = Autodiff<Cpu>;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    fn param<const D: usize>(shape: [usize; D], seed: u32) -> Tensor<CpuAutodiff, D> {
+        let n = shape.iter().product();
+        Tensor::from_data(TensorData::new(values(n, seed), shape), &Default::default())
+            .require_grad()
+    }
+
+    fn close<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) {
+        a.into_data()
+            .assert_approx_eq::<f32>(&b.into_data(), Tolerance::absolute(2e-5));
+    }
+
+    /// Each operation's gradients equal those burn's autodiff derives from
+    /// burn's own operations (same loss, weighted so every output matters).
+    #[test]
+    fn gradients_match_burns_autodiff() {
+        let weights = Tensor::<CpuAutodiff, 3>::from_data(
+            TensorData::new(values(2 * 3 * 5, 9), [2, 3, 5]),
+            &Default::default(),
+        );
+        let (a, b) = (param([2, 3, 4], 1), param([2, 4, 5], 2));
+        let mine = crate::sum(crate::matmul(a.clone(), b.clone()) * weights.clone()).backward();
+        let theirs = (a.clone().matmul(b.clone()) * weights.clone())
+            .sum()
+            .backward();
+        close(a.grad(&mine).unwrap(), a.grad(&theirs).unwrap());
+        close(b.grad(&mine).unwrap(), b.grad(&theirs).unwrap());
+
+        let (x, gamma) = (param([2, 3, 5], 3), param([5], 4));
+        let mine = crate::sum(crate::rms_norm(x.clone(), gamma.clone(), 1e-6) * weights.clone())
+            .backward();
+        let rms = (x.clone().square().mean_dim(2) + 1e-6).sqrt();
+        let reference = x.clone() / rms * gamma.clone().unsqueeze::<3>();
+        let theirs = (reference * weights.clone()).sum().backward();
+        close(x.grad(&mine).unwrap(), x.grad(&theirs).unwrap());
+        close(gamma.grad(&mine).unwrap(), gamma.grad(&theirs).unwrap());
+
+        let x = param([2, 3, 5], 5);
+        let mine = crate::sum(crate::softmax(x.clone()) * weights.clone()).backward();
+        let theirs = (burn::tensor::activation::softmax(x.clone(), 2) * weights.clone())
+            .sum()
+            .backward();
+        close(x.grad(&mine).unwrap(), x.grad(&theirs).unwrap());
+
+        let mine = crate::sum(crate::log_softmax(x.clone()) * weights.clone()).backward();
+        let theirs = (burn::tensor::activation::log_softmax(x.clone(), 2) * weights)
+            .sum()
+            .backward();
+        close(x.grad(&mine).unwrap(), x.grad(&theirs).unwrap());
+    }
+}

@@ -1,0 +1,626 @@
+//! [`ModelBackend`] on burn's `flex` CPU backend: kernels whose summation
+//! order is fixed by the shapes alone.
+//!
+//! - **Matrix products** go to the `gemm` crate, as flex's own do, but never
+//!   with more than [`GEMM_MAX_K`] terms per call: gemm reduces up to 512
+//!   terms in one pass on every CPU and splits longer reductions at a point
+//!   it derives from the L1 cache. Longer reductions are cut here into
+//!   512-term slices whose partial products are added in order. gemm's f32
+//!   kernels are the same on every x86-64 CPU with AVX2 and FMA (its AVX-512
+//!   kernels are a cargo feature that is off), so a product is bit-identical
+//!   on all of them, whatever the thread count: threads split rows and
+//!   columns, never a sum.
+//! - **Sums** (RMSNorm, softmax, log-softmax, full sums) keep [`LANES`]
+//!   partial sums in plain Rust arrays and add them in a fixed tree, so the
+//!   compiler may vectorise them at any width without changing a bit, and
+//!   long sums add fixed-size blocks in order.
+//! - `exp` and `ln` are the `libm` crate's software routines, not the C
+//!   library's, whose implementation is chosen at run time by CPU feature.
+//!
+//! Rows are spread over rayon's threads; each row is computed by one thread
+//! from start to end, so the thread count changes nothing.
+
+use burn::backend::flex::{Flex, FlexTensor, Layout};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::{Bytes, DType, FloatDType, Shape, TensorMetadata};
+use rayon::prelude::*;
+
+use crate::ModelBackend;
+
+/// The most terms one `gemm` call reduces over. gemm's blocking along `k`
+/// is at least 512 on every CPU, so a call with `k <= 512` is never split.
+pub const GEMM_MAX_K: usize = 512;
+
+/// Partial sums kept apart in [`sum`] and [`dot`].
+pub const LANES: usize = 16;
+
+/// Elements per block of a long sum: blocks are summed on their own (in
+/// parallel), then added in order.
+const SUM_BLOCK: usize = 1 << 16;
+
+/// Rows handled by one rayon task in the row-wise kernels.
+const ROWS_PER_TASK: usize = 16;
+
+/// A single gemm call with at least this many multiply-adds uses threads.
+const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
+
+impl ModelBackend for Flex {
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        matmul(&f32_tensor(lhs), &f32_tensor(rhs))
+    }
+
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self> {
+        let (x, shape) = contiguous(x);
+        let gamma = contiguous(gamma).0;
+        let d = gamma.len();
+        let mut out = vec![0.0; x.len()];
+        for_rows(&x, &mut out, d, |row, out| {
+            let inv = inv_rms(row, epsilon);
+            for ((o, &v), &g) in out.iter_mut().zip(row).zip(&gamma) {
+                *o = v * inv * g;
+            }
+        });
+        tensor(out, shape)
+    }
+
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, shape) = contiguous(x);
+        let (grad, _) = contiguous(grad);
+        let (gamma, gamma_shape) = contiguous(gamma);
+        let d = gamma.len();
+        let mut dx = vec![0.0; x.len()];
+        dx.par_chunks_mut(d * ROWS_PER_TASK)
+            .zip(x.par_chunks(d * ROWS_PER_TASK))
+            .zip(grad.par_chunks(d * ROWS_PER_TASK))
+            .for_each(|((dx, x), grad)| {
+                let mut scaled = vec![0.0; d];
+                for ((dx, x), grad) in dx.chunks_mut(d).zip(x.chunks(d)).zip(grad.chunks(d)) {
+                    let inv = inv_rms(x, epsilon);
+                    for ((s, &g), &w) in scaled.iter_mut().zip(grad).zip(&gamma) {
+                        *s = g * w;
+                    }
+                    // d/dx_j of (x_i * inv) = inv δ_ij - inv³ x_i x_j / d
+                    let coef = inv * inv * inv * dot(&scaled, x) / d as f32;
+                    for ((o, &s), &v) in dx.iter_mut().zip(&scaled).zip(x) {
+                        *o = s * inv - v * coef;
+                    }
+                }
+            });
+        // dgamma_i = Σ_rows grad_i x_i inv: blocks of rows in parallel, blocks added in order.
+        let partials: Vec<Vec<f32>> = x
+            .par_chunks(d * ROWS_PER_TASK)
+            .zip(grad.par_chunks(d * ROWS_PER_TASK))
+            .map(|(x, grad)| {
+                let mut acc = vec![0.0; d];
+                for (x, grad) in x.chunks(d).zip(grad.chunks(d)) {
+                    let inv = inv_rms(x, epsilon);
+                    for ((a, &v), &g) in acc.iter_mut().zip(x).zip(grad) {
+                        *a += g * (v * inv);
+                    }
+                }
+                acc
+            })
+            .collect();
+        let mut dgamma = vec![0.0; d];
+        for partial in partials {
+            for (a, p) in dgamma.iter_mut().zip(partial) {
+                *a += p;
+            }
+        }
+        (tensor(dx, shape), tensor(dgamma, gamma_shape))
+    }
+
+    fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, shape) = contiguous(x);
+        let mut out = vec![0.0; x.len()];
+        for_rows(&x, &mut out, last_dim(&shape), |row, out| {
+            let max = row_max(row);
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = libm::expf(v - max);
+            }
+            let total = sum(out);
+            for o in out.iter_mut() {
+                *o /= total;
+            }
+        });
+        tensor(out, shape)
+    }
+
+    fn softmax_last_backward(y: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (y, shape) = contiguous(y);
+        let (grad, _) = contiguous(grad);
+        let d = last_dim(&shape);
+        let mut out = vec![0.0; y.len()];
+        for_row_pairs(&y, &grad, &mut out, d, |y, grad, out| {
+            let inner = dot(grad, y);
+            for ((o, &p), &g) in out.iter_mut().zip(y).zip(grad) {
+                *o = p * (g - inner);
+            }
+        });
+        tensor(out, shape)
+    }
+
+    fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, shape) = contiguous(x);
+        let mut out = vec![0.0; x.len()];
+        for_rows(&x, &mut out, last_dim(&shape), |row, out| {
+            let max = row_max(row);
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = libm::expf(v - max);
+            }
+            let lse = max + libm::logf(sum(out));
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = v - lse;
+            }
+        });
+        tensor(out, shape)
+    }
+
+    fn log_softmax_last_backward(
+        y: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (y, shape) = contiguous(y);
+        let (grad, _) = contiguous(grad);
+        let d = last_dim(&shape);
+        let mut out = vec![0.0; y.len()];
+        for_row_pairs(&y, &grad, &mut out, d, |y, grad, out| {
+            let total = sum(grad);
+            for ((o, &l), &g) in out.iter_mut().zip(y).zip(grad) {
+                *o = g - libm::expf(l) * total;
+            }
+        });
+        tensor(out, shape)
+    }
+
+    fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, _) = contiguous(x);
+        tensor(vec![long_sum(&x)], Shape::from(vec![1]))
+    }
+}
+
+/// The sum of `xs`: [`LANES`] running sums, added in a fixed tree, then the
+/// tail in order. The same bits on every CPU, however it is vectorised.
+pub fn sum(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (a, &x) in acc.iter_mut().zip(chunk) {
+            *a += x;
+        }
+    }
+    tail.iter().fold(fold_lanes(acc), |total, &x| total + x)
+}
+
+/// `Σ a_i b_i` in the order of [`sum`] (products rounded, never fused).
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail = ca.remainder().iter().zip(cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((a, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *a += x * y;
+        }
+    }
+    tail.fold(fold_lanes(acc), |total, (&x, &y)| total + x * y)
+}
+
+/// A sum of any length: [`sum`] over blocks of [`SUM_BLOCK`] elements
+/// (in parallel), the block sums added in order.
+pub fn long_sum(xs: &[f32]) -> f32 {
+    if xs.len() <= SUM_BLOCK {
+        return sum(xs);
+    }
+    let blocks: Vec<f32> = xs.par_chunks(SUM_BLOCK).map(sum).collect();
+    blocks.into_iter().fold(0.0, |total, x| total + x)
+}
+
+fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for j in 0..width {
+            acc[j] += acc[j + width];
+        }
+    }
+    acc[0]
+}
+
+fn row_max(row: &[f32]) -> f32 {
+    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+fn inv_rms(row: &[f32], epsilon: f64) -> f32 {
+    let mean = dot(row, row) / row.len() as f32;
+    1.0 / (mean + epsilon as f32).sqrt()
+}
+
+/// `f(row, out_row)` for each row of `d` elements, rows spread over threads.
+fn for_rows(x: &[f32], out: &mut [f32], d: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
+    if d == 0 {
+        return;
+    }
+    out.par_chunks_mut(d * ROWS_PER_TASK)
+        .zip(x.par_chunks(d * ROWS_PER_TASK))
+        .for_each(|(out, x)| {
+            for (out, row) in out.chunks_mut(d).zip(x.chunks(d)) {
+                f(row, out);
+            }
+        });
+}
+
+/// `f(a_row, b_row, out_row)` for each row of `d` elements.
+fn for_row_pairs(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    d: usize,
+    f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+) {
+    if d == 0 {
+        return;
+    }
+    out.par_chunks_mut(d * ROWS_PER_TASK)
+        .zip(a.par_chunks(d * ROWS_PER_TASK))
+        .zip(b.par_chunks(d * ROWS_PER_TASK))
+        .for_each(|((out, a), b)| {
+            for ((out, a), b) in out.chunks_mut(d).zip(a.chunks(d)).zip(b.chunks(d)) {
+                f(a, b, out);
+            }
+        });
+}
+
+fn last_dim(shape: &Shape) -> usize {
+    shape.last().copied().unwrap_or(1)
+}
+
+/// The tensor in f32 (flex's float tensors may also be f16 or bf16).
+fn f32_tensor(x: FlexTensor) -> FlexTensor {
+    if x.dtype() == DType::F32 {
+        x
+    } else {
+        Flex::float_cast(x, FloatDType::F32)
+    }
+}
+
+/// The tensor's f32 elements in row-major order, and its shape.
+fn contiguous(x: FlexTensor) -> (Vec<f32>, Shape) {
+    let x = f32_tensor(x);
+    let shape = x.shape();
+    let x = x.to_contiguous();
+    let n = shape.num_elements();
+    let start = x.layout().start_offset();
+    (x.storage::<f32>()[start..start + n].to_vec(), shape)
+}
+
+fn tensor(values: Vec<f32>, shape: Shape) -> FlexTensor {
+    FlexTensor::new(
+        Bytes::from_elems(values),
+        Layout::contiguous(shape),
+        DType::F32,
+    )
+}
+
+/// `lhs @ rhs` over the last two dimensions of two f32 tensors with equal
+/// leading dimensions, read in place through their strides.
+fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
+    let (ll, rl) = (lhs.layout(), rhs.layout());
+    let (ls, rs) = (ll.shape(), rl.shape());
+    let rank = ls.len();
+    assert!(
+        rank >= 2 && rs.len() == rank && ls[..rank - 2] == rs[..rank - 2] && ls[rank - 1] == rs[rank - 2],
+        "matmul: shapes {:?} and {:?} do not multiply (equal leading dimensions, [.., m, k] @ [.., k, n])",
+        &ls[..],
+        &rs[..]
+    );
+    let (m, k, n) = (ls[rank - 2], ls[rank - 1], rs[rank - 1]);
+    let batch_dims = &ls[..rank - 2];
+    let batches: usize = batch_dims.iter().product();
+    let mut out_shape = ls.to_vec();
+    out_shape[rank - 1] = n;
+    let mut out = vec![0.0f32; batches * m * n];
+    if m == 0 || n == 0 {
+        return tensor(out, Shape::from(out_shape));
+    }
+    let lhs_view = View::new(lhs, ll, rank);
+    let rhs_view = View::new(rhs, rl, rank);
+    let offsets = |b: usize| {
+        let (mut lo, mut ro, mut rest) = (0isize, 0isize, b);
+        for d in (0..rank - 2).rev() {
+            let i = (rest % batch_dims[d]) as isize;
+            rest /= batch_dims[d];
+            lo += i * ll.strides()[d];
+            ro += i * rl.strides()[d];
+        }
+        (lo, ro)
+    };
+    let ops = m * n * k;
+    if batches == 1 {
+        let parallelism = if ops >= GEMM_PARALLEL_OPS {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
+        gemm_chunked(&mut out, m, n, k, &lhs_view, 0, &rhs_view, 0, parallelism);
+    } else {
+        out.par_chunks_mut(m * n).enumerate().for_each(|(b, out)| {
+            let (lo, ro) = offsets(b);
+            gemm_chunked(
+                out,
+                m,
+                n,
+                k,
+                &lhs_view,
+                lo,
+                &rhs_view,
+                ro,
+                gemm::Parallelism::None,
+            );
+        });
+    }
+    tensor(out, Shape::from(out_shape))
+}
+
+/// A strided f32 matrix view: the data, the offset of element `[0, .., 0]`,
+/// and the strides of its last two dimensions.
+struct View<'a> {
+    data: &'a [f32],
+    start: isize,
+    row_stride: isize,
+    col_stride: isize,
+}
+
+impl<'a> View<'a> {
+    fn new(tensor: &'a FlexTensor, layout: &Layout, rank: usize) -> Self {
+        let strides = layout.strides();
+        Self {
+            data: tensor.storage::<f32>(),
+            start: layout.start_offset() as isize,
+            row_stride: strides[rank - 2],
+            col_stride: strides[rank - 1],
+        }
+    }
+}
+
+/// `out (m x n, row-major) = lhs (m x k) @ rhs (k x n)`, in gemm calls of at
+/// most [`GEMM_MAX_K`] terms, each added to `out` in order of `k`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_chunked(
+    out: &mut [f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: &View,
+    lhs_offset: isize,
+    rhs: &View,
+    rhs_offset: isize,
+    parallelism: gemm::Parallelism,
+) {
+    let mut start = 0;
+    while start < k {
+        let len = GEMM_MAX_K.min(k - start);
+        let l = lhs.start + lhs_offset + start as isize * lhs.col_stride;
+        let r = rhs.start + rhs_offset + start as isize * rhs.row_stride;
+        // SAFETY: the views' offsets and strides come from burn layouts of
+        // tensors whose storage holds every element they address; `out` is
+        // a dense m x n buffer.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                len,
+                out.as_mut_ptr(),
+                1,
+                n as isize,
+                start > 0,
+                lhs.data.as_ptr().offset(l),
+                lhs.col_stride,
+                lhs.row_stride,
+                rhs.data.as_ptr().offset(r),
+                rhs.col_stride,
+                rhs.row_stride,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+        start += len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::prelude::*;
+    use proptest::prelude::*;
+
+    type B = Flex;
+
+    fn seeded(shape: &[usize], seed: u64) -> Vec<f32> {
+        let n: usize = shape.iter().product();
+        // A small LCG: the values only need to be varied and reproducible.
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn t<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> Tensor<B, D> {
+        Tensor::from_data(TensorData::new(values, shape), &Default::default())
+    }
+
+    fn bits<const D: usize>(x: Tensor<B, D>) -> Vec<u32> {
+        x.into_data()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
+    /// The reference: each output element a chain of fused multiply-adds in
+    /// order of `k`, restarted every 512 terms, the chains added in order.
+    fn reference(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut total = 0.0f32;
+                for (c, start) in (0..k).step_by(GEMM_MAX_K).enumerate() {
+                    let mut acc = 0.0f32;
+                    for p in start..k.min(start + GEMM_MAX_K) {
+                        acc = a[i * k + p].mul_add(b[p * n + j], acc);
+                    }
+                    total = if c == 0 { acc } else { total + acc };
+                }
+                out[i * n + j] = total;
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// gemm's kernels (m, n >= 2) are a plain FMA chain along k, so with
+        /// k cut at 512 the product is the reference bit for bit: it cannot
+        /// depend on the CPU's caches or thread count.
+        #[test]
+        fn matmul_is_the_fma_chain_reference(
+            m in 2usize..40, k in 1usize..1300, n in 2usize..40, seed in 0u64..1000
+        ) {
+            let (a, b) = (seeded(&[m, k], seed), seeded(&[k, n], seed + 1));
+            let want = reference(&a, &b, m, k, n);
+            let got = crate::matmul(t(a.clone(), [m, k]), t(b.clone(), [k, n]));
+            let want_bits: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+            prop_assert_eq!(bits(got), want_bits.clone());
+            // The same product read through transposed (strided) views.
+            let at = t(a, [m, k]).transpose().into_data();
+            let bt = t(b, [k, n]).transpose().into_data();
+            let got = crate::matmul(
+                Tensor::<B, 2>::from_data(at, &Default::default()).transpose(),
+                Tensor::<B, 2>::from_data(bt, &Default::default()).transpose(),
+            );
+            prop_assert_eq!(bits(got), want_bits);
+        }
+    }
+
+    #[test]
+    fn batched_matmul_multiplies_each_batch() {
+        let (a, b) = (seeded(&[3, 2, 4, 700], 1), seeded(&[3, 2, 700, 5], 2));
+        let got = crate::matmul(t(a.clone(), [3, 2, 4, 700]), t(b.clone(), [3, 2, 700, 5]));
+        let got = got.into_data().to_vec::<f32>().unwrap();
+        for batch in 0..6 {
+            let want = reference(
+                &a[batch * 2800..(batch + 1) * 2800],
+                &b[batch * 3500..(batch + 1) * 3500],
+                4,
+                700,
+                5,
+            );
+            assert_eq!(&got[batch * 20..(batch + 1) * 20], &want[..]);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "do not multiply")]
+    fn matmul_refuses_broadcasting() {
+        crate::matmul(
+            t(seeded(&[2, 3, 4], 0), [2, 3, 4]),
+            t(seeded(&[1, 4, 5], 0), [1, 4, 5]),
+        );
+    }
+
+    #[test]
+    fn sums_do_not_depend_on_block_or_thread_split() {
+        let xs = seeded(&[300_001], 3);
+        let by_blocks = xs.chunks(SUM_BLOCK).map(sum).fold(0.0f32, |t, x| t + x);
+        assert_eq!(long_sum(&xs).to_bits(), by_blocks.to_bits());
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(
+            pool.install(|| long_sum(&xs)).to_bits(),
+            by_blocks.to_bits()
+        );
+    }
+
+    /// The CPU kernels agree with burn's own operations (the defaults, as a
+    /// GPU backend runs them) to float rounding.
+    #[test]
+    fn kernels_match_burns_operations() {
+        let x = t(seeded(&[6, 37], 4), [6, 37]);
+        let g = t(seeded(&[6, 37], 5), [6, 37]);
+        let gamma = t(seeded(&[37], 6), [37]);
+        let close = |a: Tensor<B, 2>, b: Tensor<B, 2>| {
+            a.into_data()
+                .assert_approx_eq::<f32>(&b.into_data(), burn::tensor::Tolerance::absolute(1e-5));
+        };
+        close(
+            crate::softmax(x.clone()),
+            burn::tensor::activation::softmax(x.clone(), 1),
+        );
+        close(
+            crate::log_softmax(x.clone()),
+            burn::tensor::activation::log_softmax(x.clone(), 1),
+        );
+        let rms = (x.clone().square().mean_dim(1) + 1e-6).sqrt();
+        close(
+            crate::rms_norm(x.clone(), gamma.clone(), 1e-6),
+            x.clone() / rms.clone() * gamma.clone().unsqueeze::<2>(),
+        );
+        let total = crate::sum(x.clone()).into_scalar();
+        assert!((total - x.clone().sum().into_scalar()).abs() < 1e-4);
+
+        // Backward passes against the default (burn-composed) formulas.
+        let prim = |x: Tensor<B, 2>| x.into_primitive().tensor();
+        let y = crate::softmax(x.clone());
+        let default_softmax = {
+            let dot = (g.clone() * y.clone()).sum_dim(1);
+            y.clone() * (g.clone() - dot)
+        };
+        close(
+            Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(
+                <B as ModelBackend>::softmax_last_backward(prim(y), prim(g.clone())),
+            )),
+            default_softmax,
+        );
+        let (dx, dgamma) = <B as ModelBackend>::rms_norm_backward(
+            prim(x.clone()),
+            gamma.clone().into_primitive().tensor(),
+            prim(g.clone()),
+            1e-6,
+        );
+        let inv = rms.recip();
+        let want_dgamma = (g.clone() * x.clone() * inv.clone()).sum_dim(0);
+        close(
+            Tensor::<B, 1>::from_primitive(burn::tensor::TensorPrimitive::Float(dgamma))
+                .unsqueeze::<2>(),
+            want_dgamma,
+        );
+        let scaled = g.clone() * gamma.unsqueeze::<2>();
+        let dot = (scaled.clone() * x.clone()).sum_dim(1);
+        let want_dx = scaled * inv.clone() - x * inv.powi_scalar(3) * dot / 37.0;
+        close(
+            Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(dx)),
+            want_dx,
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! The tensor operations whose floating-point results mappa pins itself.
+//!
+//! A float sum depends on the order of its terms, and burn's CPU backend
+//! picks that order from the machine: its GEMM splits long reductions into
+//! blocks sized from the L1 cache (512 terms on a 32 KiB 8-way L1, 1024 on a
+//! 48 KiB 12-way one), and its reductions keep one partial sum per SIMD lane
+//! (16 with AVX-512, 8 with AVX2). Two x86-64 machines then train the same
+//! manifest into weights that differ in the last bits, and sampling turns
+//! that into different runs. [`ModelBackend`] routes the few operations that
+//! sum (matrix products, RMSNorm, softmax, log-softmax, full sums) through
+//! kernels whose order is fixed by the shapes alone on the CPU backend
+//! ([`flex`]); see the README's "Reproducibility" section for the
+//! contract and how it is checked.
+//!
+//! The pattern is burn's backend extension: a trait over
+//! [`Backend`](burn::tensor::backend::Backend) with default methods made of
+//! burn's own operations (what the GPU backends use), overridden for the CPU
+//! backend, and implemented for [`Autodiff`](burn::backend::Autodiff) with
+//! backward passes that call the inner backend's kernels
+//! (`autodiff.rs`). Model code calls the free functions below.
+
+mod autodiff;
+pub mod flex;
+
+use burn::prelude::*;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::TensorPrimitive;
+
+/// A burn backend with mappa's float-sensitive operations.
+///
+/// Every method works on the last dimension (or the last two, for
+/// [`matmul`](ModelBackend::matmul)) of a tensor of any rank. The defaults
+/// are burn's operations; the CPU backend overrides them with kernels whose
+/// summation order does not depend on the machine.
+pub trait ModelBackend: Backend {
+    /// `lhs @ rhs` over the last two dimensions; the leading (batch)
+    /// dimensions must be equal (no broadcasting).
+    fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
+
+    /// `x / sqrt(mean(x², last dim) + epsilon) * gamma`, `gamma` of the last
+    /// dimension's size.
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self> {
+        let (x, shape) = rows::<Self>(x);
+        let rms = (x.clone().square().mean_dim(1) + epsilon).sqrt();
+        let y = x / rms * float::<Self, 1>(gamma).unsqueeze::<2>();
+        Self::float_reshape(primitive(y), shape)
+    }
+
+    /// The gradients of [`rms_norm`](ModelBackend::rms_norm) with respect to
+    /// `x` and `gamma`, given the output's gradient `grad`.
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        epsilon: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (x, shape) = rows::<Self>(x);
+        let (grad, _) = rows::<Self>(grad);
+        let d = x.dims()[1] as f64;
+        let inv = (x.clone().square().mean_dim(1) + epsilon).sqrt().recip();
+        let gamma = float::<Self, 1>(gamma);
+        let dgamma = (grad.clone() * x.clone() * inv.clone())
+            .sum_dim(0)
+            .squeeze_dim::<1>(0);
+        let scaled = grad * gamma.unsqueeze::<2>();
+        let dot = (scaled.clone() * x.clone()).sum_dim(1);
+        let dx = scaled * inv.clone() - x * inv.powi_scalar(3) * dot / d;
+        (
+            Self::float_reshape(primitive(dx), shape),
+            dgamma.into_primitive().tensor(),
+        )
+    }
+
+    /// Softmax over the last dimension.
+    fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, shape) = rows::<Self>(x);
+        Self::float_reshape(primitive(burn::tensor::activation::softmax(x, 1)), shape)
+    }
+
+    /// The gradient of [`softmax`](ModelBackend::softmax_last) given its output `y`
+    /// and the output's gradient: `y * (grad - sum(grad * y))`.
+    fn softmax_last_backward(y: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (y, shape) = rows::<Self>(y);
+        let (grad, _) = rows::<Self>(grad);
+        let dot = (grad.clone() * y.clone()).sum_dim(1);
+        Self::float_reshape(primitive(y * (grad - dot)), shape)
+    }
+
+    /// Log-softmax over the last dimension.
+    fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (x, shape) = rows::<Self>(x);
+        Self::float_reshape(
+            primitive(burn::tensor::activation::log_softmax(x, 1)),
+            shape,
+        )
+    }
+
+    /// The gradient of [`log_softmax`](ModelBackend::log_softmax_last) given its
+    /// output `y`: `grad - exp(y) * sum(grad)`.
+    fn log_softmax_last_backward(
+        y: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let (y, shape) = rows::<Self>(y);
+        let (grad, _) = rows::<Self>(grad);
+        let total = grad.clone().sum_dim(1);
+        Self::float_reshape(primitive(grad - y.exp() * total), shape)
+    }
+
+    /// The sum of all elements, as a tensor of shape `[1]`.
+    fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_sum(x)
+    }
+}
+
+/// A training backend: automatic differentiation over a [`ModelBackend`],
+/// itself a [`ModelBackend`] (what the trainer and anything that calls
+/// `.valid()` on a model needs).
+pub trait AutodiffModelBackend:
+    burn::tensor::backend::AutodiffBackend<InnerBackend: ModelBackend> + ModelBackend
+{
+}
+
+impl<B> AutodiffModelBackend for B
+where
+    B: burn::tensor::backend::AutodiffBackend + ModelBackend,
+    B::InnerBackend: ModelBackend,
+{
+}
+
+/// `x` as a `[rows, last]` tensor, and its original shape.
+fn rows<B: Backend>(x: FloatTensor<B>) -> (Tensor<B, 2>, Shape) {
+    use burn::tensor::TensorMetadata;
+    let shape = x.shape();
+    let last = shape.last().copied().unwrap_or(1);
+    let rows = shape.num_elements() / last.max(1);
+    let tensor =
+        Tensor::<B, 1>::from_primitive(TensorPrimitive::Float(x)).reshape::<2, _>([rows, last]);
+    (tensor, shape)
+}
+
+fn float<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(x))
+}
+
+fn primitive<B: Backend, const D: usize>(x: Tensor<B, D>) -> FloatTensor<B> {
+    x.into_primitive().tensor()
+}
+
+/// `lhs @ rhs` over the last two dimensions, with equal leading dimensions.
+///
+/// # Shapes
+/// - `lhs`: `[..., m, k]`, `rhs`: `[..., k, n]`; returns `[..., m, n]`.
+pub fn matmul<B: ModelBackend, const D: usize>(
+    lhs: Tensor<B, D>,
+    rhs: Tensor<B, D>,
+) -> Tensor<B, D> {
+    let (l, r) = (lhs.dims(), rhs.dims());
+    assert!(
+        D >= 2 && l[..D - 2] == r[..D - 2] && l[D - 1] == r[D - 2],
+        "matmul: shapes {l:?} and {r:?} do not multiply (equal leading dimensions, [.., m, k] @ [.., k, n])"
+    );
+    float(B::matmul(primitive(lhs), primitive(rhs)))
+}
+
+/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + epsilon) * gamma`.
+///
+/// # Shapes
+/// - `x`: `[..., d]`, `gamma`: `[d]`; returns the shape of `x`.
+pub fn rms_norm<B: ModelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    gamma: Tensor<B, 1>,
+    epsilon: f64,
+) -> Tensor<B, D> {
+    float(B::rms_norm(primitive(x), primitive(gamma), epsilon))
+}
+
+/// Softmax over the last dimension.
+pub fn softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    float(B::softmax_last(primitive(x)))
+}
+
+/// Log-softmax over the last dimension.
+pub fn log_softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    float(B::log_softmax_last(primitive(x)))
+}
+
+/// The sum of all elements.
+///
+/// # Shapes
+/// - returns `[1]`.
+pub fn sum<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, 1> {
+    float(B::sum(primitive(x)))
+}
+
+#[cfg(feature = "ndarray")]
+impl ModelBackend for burn::backend::NdArray {}
+
+#[cfg(feature = "wgpu")]
+impl ModelBackend for burn::backend::Wgpu {}
+
+#[cfg(feature = "cuda")]
+impl ModelBackend for burn::backend::Cuda {}

@@ -1,0 +1,358 @@
+//! The cross-CPU determinism contract, checked: a small training workload
+//! (sampled generation with the KV cache, teacher-forced log-probs, two
+//! REINFORCE++ updates with AdamW, matrix products longer than 512 terms)
+//! reduced to one sha256 digest of every token id and float bit, computed in
+//! this process and again in child processes that see other CPUs:
+//!
+//! - other thread counts (`RAYON_NUM_THREADS` 1 and 3);
+//! - other cache geometries (as root: a private mount namespace in which
+//!   `/sys/devices/system/cpu/*/cache` describes the L1 and L2 of an AMD
+//!   EPYC, an Intel Xeon and an older client part; burn's GEMM sizes its
+//!   blocks from these files);
+//! - an x86-64 CPU without AVX-512 (when `qemu-x86_64` is installed: the
+//!   child runs under qemu-user as a Haswell, AVX2 and FMA only).
+//!
+//! The same child also multiplies and sums through burn's own CPU kernels,
+//! which do depend on the machine: at least one variant must change those
+//! bits, which shows the variants really present another CPU (the check
+//! would have caught the bug it was written for).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::prelude::*;
+use mappa_core::hash::sha256_hex;
+use mappa_core::rng::SeedTree;
+use mappa_credit::shaping::KlEstimator;
+use mappa_model::backend::Cpu;
+use mappa_model::weights::hf_tensors;
+use mappa_model::{generate, Family, GenerationConfig, SamplingConfig, TransformerConfig};
+use mappa_train::{AgentLearner, LossConfig, TrainConfig, TrainSample};
+
+type B = Autodiff<Cpu>;
+
+/// Set in a child process: print the digests and stop.
+const CHILD: &str = "MAPPA_DETERMINISM_CHILD";
+
+/// Bytes of every value the workload produced, in order.
+#[derive(Default)]
+struct Trace(Vec<u8>);
+
+impl Trace {
+    fn floats(&mut self, values: impl IntoIterator<Item = f32>) {
+        for v in values {
+            self.0.extend(v.to_bits().to_le_bytes());
+        }
+    }
+
+    fn tokens(&mut self, ids: &[u32]) {
+        for id in ids {
+            self.0.extend(id.to_le_bytes());
+        }
+    }
+
+    fn digest(&self) -> String {
+        sha256_hex(&self.0)
+    }
+}
+
+/// Qwen3-shaped, with an MLP wider than 512 so that the down projection's
+/// forward product, and every weight gradient (one term per token row), runs
+/// longer than one GEMM block.
+fn config() -> TransformerConfig {
+    TransformerConfig::for_family(Family::Qwen3, 320, 64, 640, 2, 4, 2, 16)
+        .with_max_position_embeddings(512)
+}
+
+/// The workload through mappa's kernels: its digest.
+fn workload() -> String {
+    let device = Default::default();
+    let mut trace = Trace::default();
+    let seeds = SeedTree::new(13);
+    let model = config().init::<B>(7, &device);
+    let mut learner = AgentLearner::new(
+        "probe",
+        model,
+        TrainConfig {
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_fraction: 0.0,
+            total_steps: 2,
+            micro_batch_size: 4,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut rng = seeds.stream("prompts");
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|i| (0..130 + 20 * i).map(|_| rng.below(320) as u32).collect())
+        .collect();
+    let generation = GenerationConfig {
+        max_new_tokens: 12,
+        sampling: SamplingConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        },
+        eos_token_ids: vec![],
+        stop_strings: vec![],
+    };
+    for step in 0..2 {
+        let mut rngs: Vec<_> = (0..prompts.len())
+            .map(|i| seeds.stream(&format!("sampler/{step}/{i}")))
+            .collect();
+        let policy = learner.policy().valid();
+        let outputs = generate(&policy, None, &prompts, &mut rngs, &generation).unwrap();
+        let pairs: Vec<(&[u32], &[u32])> = prompts
+            .iter()
+            .zip(&outputs)
+            .map(|(p, o)| (p.as_slice(), o.token_ids.as_slice()))
+            .collect();
+        for o in &outputs {
+            trace.tokens(&o.token_ids);
+            trace.floats(o.logprobs.iter().copied());
+        }
+        let old = learner.policy_logprobs(&pairs).unwrap();
+        let reference = learner.reference_logprobs(&pairs).unwrap();
+        let samples: Vec<TrainSample> = pairs
+            .iter()
+            .enumerate()
+            .map(|(i, (p, c))| TrainSample {
+                prompt: p.to_vec(),
+                completion: c.to_vec(),
+                old_logprobs: old[i].clone(),
+                ref_logprobs: reference[i].clone(),
+                advantages: (0..c.len())
+                    .map(|t| ((i + t) % 5) as f32 / 2.0 - 1.0)
+                    .collect(),
+                mask: vec![true; c.len()],
+                reward: i as f64 / 4.0,
+            })
+            .collect();
+        for row in old.iter().chain(&reference) {
+            trace.floats(row.iter().copied());
+        }
+        let metrics = learner
+            .train_step(
+                &samples,
+                &LossConfig {
+                    clip_low: 0.2,
+                    clip_high: 0.2,
+                    dual_clip: Some(3.0),
+                    kl_in_loss: Some((0.01, KlEstimator::K3)),
+                },
+            )
+            .unwrap();
+        trace.floats([
+            metrics.loss as f32,
+            metrics.kl as f32,
+            metrics.grad_norm as f32,
+        ]);
+    }
+    for (_, _, values) in hf_tensors(&learner.policy().valid()) {
+        trace.floats(values);
+    }
+    trace.digest()
+}
+
+/// A product with 1000 terms and a long sum through burn's own CPU kernels,
+/// whose order depends on the cache geometry and the SIMD width.
+fn burn_kernels() -> String {
+    let device = Default::default();
+    let mut rng = SeedTree::new(5).stream("burn");
+    let mut values =
+        |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform() as f32 - 0.5).collect() };
+    let a = Tensor::<Cpu, 2>::from_data(TensorData::new(values(96 * 1000), [96, 1000]), &device);
+    let b = Tensor::<Cpu, 2>::from_data(TensorData::new(values(1000 * 96), [1000, 96]), &device);
+    let product = a.clone().matmul(b);
+    let sums = a.sum_dim(1);
+    let mut trace = Trace::default();
+    trace.floats(product.into_data().to_vec::<f32>().unwrap());
+    trace.floats(sums.into_data().to_vec::<f32>().unwrap());
+    trace.digest()
+}
+
+/// Each simulated cache geometry: name, L1d KiB and ways, L2 KiB and ways.
+const GEOMETRIES: [(&str, u32, u32, u32, u32); 3] = [
+    (
+        "AMD EPYC (Zen 4): L1d 32 KiB 8-way, L2 1 MiB 8-way",
+        32,
+        8,
+        1024,
+        8,
+    ),
+    (
+        "Intel Xeon (Sapphire Rapids): L1d 48 KiB 12-way, L2 2 MiB 16-way",
+        48,
+        12,
+        2048,
+        16,
+    ),
+    (
+        "Intel client (Skylake): L1d 32 KiB 8-way, L2 256 KiB 4-way",
+        32,
+        8,
+        256,
+        4,
+    ),
+];
+
+/// Bind-mounts other L1d/L2 sizes and ways over every CPU's sysfs cache
+/// files in a private mount namespace, then runs the command ("$@").
+const AS_GEOMETRY: &str = r#"
+set -e
+l1=$1 l1w=$2 l2=$3 l2w=$4; shift 4
+tmp=$(mktemp -d)
+for idx in /sys/devices/system/cpu/cpu[0-9]*/cache/index*; do
+  level=$(cat "$idx/level"); kind=$(cat "$idx/type")
+  if [ "$level" = 1 ] && [ "$kind" = Data ]; then size=${l1}K ways=$l1w
+  elif [ "$level" = 2 ]; then size=${l2}K ways=$l2w
+  else continue; fi
+  f=$tmp/$(echo "$idx" | tr / _)
+  echo "$size" > "$f.size"; echo "$ways" > "$f.ways"
+  mount --bind "$f.size" "$idx/size"
+  mount --bind "$f.ways" "$idx/ways_of_associativity"
+done
+exec "$@"
+"#;
+
+/// This test binary, re-run as a child that prints its digests.
+fn child(prefix: &[&str], env: &[(&str, &str)]) -> Command {
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match prefix.split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(&exe);
+            cmd
+        }
+        None => Command::new(&exe),
+    };
+    cmd.args([
+        "--exact",
+        "same_bits_on_other_cpus",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+fn digests(mut cmd: Command, what: &str) -> (String, String) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what}: the child failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let find = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.split_once(key).map(|(_, digest)| digest.trim()))
+            .unwrap_or_else(|| panic!("{what}: no {key} line in:\n{stdout}"))
+            .to_string()
+    };
+    (find("mappa="), find("burn="))
+}
+
+fn on_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+fn sysfs_cache_files() -> bool {
+    std::path::Path::new("/sys/devices/system/cpu/cpu0/cache/index0/size").exists()
+}
+
+#[test]
+fn same_bits_on_other_cpus() {
+    if std::env::var_os(CHILD).is_some() {
+        println!("mappa={}", workload());
+        println!("burn={}", burn_kernels());
+        return;
+    }
+    let here = (workload(), burn_kernels());
+    assert_eq!(
+        workload(),
+        here.0,
+        "the workload repeats within one process"
+    );
+
+    let mut variants: Vec<(String, Command)> = vec![
+        ("1 thread".into(), child(&[], &[("RAYON_NUM_THREADS", "1")])),
+        (
+            "3 threads".into(),
+            child(&[], &[("RAYON_NUM_THREADS", "3")]),
+        ),
+    ];
+    // Simulating another cache needs a mount namespace: root, unshare and sysfs cache files.
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && on_path("unshare").is_some() && sysfs_cache_files() {
+        for (name, l1, l1w, l2, l2w) in GEOMETRIES {
+            let (l1, l1w, l2, l2w) = (
+                l1.to_string(),
+                l1w.to_string(),
+                l2.to_string(),
+                l2w.to_string(),
+            );
+            let prefix = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                AS_GEOMETRY,
+                "sh",
+                &l1,
+                &l1w,
+                &l2,
+                &l2w,
+            ];
+            variants.push((name.into(), child(&prefix, &[])));
+        }
+    } else {
+        eprintln!(
+            "note: cache geometries not simulated (needs root, unshare and /sys/devices/system/cpu/*/cache; root: {root})"
+        );
+    }
+    // An AVX2-only CPU, emulated; qemu-user is a Debian package (`.ci/run` installs it).
+    if on_path("qemu-x86_64").is_some() {
+        variants.push((
+            "Haswell (AVX2 + FMA, no AVX-512) under qemu-user".into(),
+            child(&["qemu-x86_64", "-cpu", "Haswell"], &[]),
+        ));
+    } else {
+        eprintln!("note: no qemu-x86_64 on PATH: the AVX2-only CPU is not checked");
+    }
+
+    let mut burn_changed = Vec::new();
+    for (name, cmd) in variants {
+        let (mappa, burn) = digests(cmd, &name);
+        assert_eq!(mappa, here.0, "{name}: mappa's workload changed bits");
+        eprintln!("{name}: same bits");
+        if burn != here.1 {
+            burn_changed.push(name);
+        }
+    }
+    eprintln!("burn's own kernels changed bits under: {burn_changed:?}");
+    if root && sysfs_cache_files() && on_path("unshare").is_some() {
+        assert!(
+            !burn_changed.is_empty(),
+            "no variant changed burn's own kernels' bits: the variants did not present another CPU"
+        );
+    }
+}
