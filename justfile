@@ -61,6 +61,10 @@ hf-roundtrip: setup-torch
     cargo run --release --locked -p mappa-model --example save_checkpoints -- target/hf-roundtrip
     {{python}} fixtures/check_hf_load.py target/hf-roundtrip
 
+# What the fixed summation order costs: mappa-kernels' CPU operations against burn's own, op by op (criterion, release).
+bench-kernels *ARGS:
+    cargo bench -p mappa-benches --bench kernels --locked -- {{ARGS}}
+
 # Same workloads in burn and PyTorch (CPU, 2 threads, eager) and the burn/PyTorch ratios.
 bench-vs-torch *ARGS: setup-torch
     mkdir -p target/bench

@@ -1,0 +1,69 @@
+//! What the fixed summation order costs: each of `mappa-kernels`' CPU
+//! operations against burn's own on the same tensors, at the shapes of the
+//! 25m config's training step (batch 8 x 128 tokens, hidden 512, MLP 1536,
+//! 8 heads, vocab 8192). `just bench-kernels` runs it.
+
+use burn::prelude::*;
+use criterion::{criterion_group, criterion_main, Criterion};
+use mappa_model::backend::Cpu;
+use mappa_model::kernels;
+
+fn tensor<const D: usize>(shape: [usize; D], seed: u64) -> Tensor<Cpu, D> {
+    let n: usize = shape.iter().product();
+    let mut rng = mappa_core::rng::RngStream::from_u64(seed);
+    let values: Vec<f32> = (0..n).map(|_| rng.uniform() as f32 - 0.5).collect();
+    Tensor::from_data(TensorData::new(values, shape), &Default::default())
+}
+
+fn benches(c: &mut Criterion) {
+    let tokens = 8 * 128;
+    let mut group = c.benchmark_group("kernels-25m");
+    group.sample_size(10);
+
+    // A projection (k = 512), the down projection (k = 1536) and a weight
+    // gradient (k = 1024 token rows).
+    for (name, m, k, n) in [
+        ("matmul x.W (1024x512 @ 512x1536)", tokens, 512, 1536),
+        ("matmul x.W (1024x1536 @ 1536x512)", tokens, 1536, 512),
+        ("matmul dW (512x1024 @ 1024x1536)", 512, tokens, 1536),
+    ] {
+        let (a, b) = (tensor([m, k], 1), tensor([k, n], 2));
+        group.bench_function(format!("{name}/burn"), |bench| {
+            bench.iter(|| a.clone().matmul(b.clone()).into_primitive())
+        });
+        group.bench_function(format!("{name}/mappa"), |bench| {
+            bench.iter(|| kernels::matmul(a.clone(), b.clone()).into_primitive())
+        });
+    }
+
+    let scores = tensor([8, 8, 128, 128], 3);
+    group.bench_function("softmax [8,8,128,128]/burn", |bench| {
+        bench.iter(|| burn::tensor::activation::softmax(scores.clone(), 3).into_primitive())
+    });
+    group.bench_function("softmax [8,8,128,128]/mappa", |bench| {
+        bench.iter(|| kernels::softmax(scores.clone()).into_primitive())
+    });
+
+    let logits = tensor([8, 128, 8192], 4);
+    group.bench_function("log_softmax [8,128,8192]/burn", |bench| {
+        bench.iter(|| burn::tensor::activation::log_softmax(logits.clone(), 2).into_primitive())
+    });
+    group.bench_function("log_softmax [8,128,8192]/mappa", |bench| {
+        bench.iter(|| kernels::log_softmax(logits.clone()).into_primitive())
+    });
+
+    let (x, gamma) = (tensor([tokens, 512], 5), tensor([512], 6));
+    group.bench_function("rms_norm [1024,512]/burn", |bench| {
+        bench.iter(|| {
+            let rms = (x.clone().square().mean_dim(1) + 1e-6).sqrt();
+            (x.clone() / rms * gamma.clone().unsqueeze::<2>()).into_primitive()
+        })
+    });
+    group.bench_function("rms_norm [1024,512]/mappa", |bench| {
+        bench.iter(|| kernels::rms_norm(x.clone(), gamma.clone(), 1e-6).into_primitive())
+    });
+    group.finish();
+}
+
+criterion_group!(kernel_benches, benches);
+criterion_main!(kernel_benches);
