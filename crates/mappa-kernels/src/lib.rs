@@ -26,6 +26,11 @@ use burn::prelude::*;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::TensorPrimitive;
 
+/// The version of the kernels' summation order: raised whenever a kernel
+/// sums in another order, so that anything keyed on trained weights (the
+/// warm-start cache, lock files) tells results of one order from another.
+pub const SUMMATION_ORDER: u32 = 1;
+
 /// A burn backend with mappa's float-sensitive operations.
 ///
 /// Every method works on the last dimension (or the last two, for

@@ -595,6 +595,7 @@ pub fn lock(manifest: &Manifest, resolved: Value, source_dir: &Path) -> Value {
         "resolved": resolved,
         "code": code_version(source_dir),
         "crates": { "mappa": env!("CARGO_PKG_VERSION"), "burn": "0.21.0" },
+        "summation_order": mappa_model::kernels::SUMMATION_ORDER,
         "machine": crate::machine::record(),
     })
 }

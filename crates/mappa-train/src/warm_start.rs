@@ -312,6 +312,7 @@ pub fn cache_dir(manifest: &Manifest, resolved: &Value, cache_root: &Path) -> Pa
         "models": manifest.models.iter().map(|(r, m)| (r.clone(), json!({ "init_seed": m.init_seed }))).collect::<BTreeMap<_, _>>(),
         "resolved": resolved,
         "data": manifest.data,
+        "summation_order": mappa_model::kernels::SUMMATION_ORDER,
     });
     cache_root.join(format!(
         "warm-start-{}",
