@@ -200,11 +200,11 @@ const GEOMETRIES: [(&str, u32, u32, u32, u32); 3] = [
 ];
 
 /// Bind-mounts other L1d/L2 sizes and ways over every CPU's sysfs cache
-/// files in a private mount namespace, then runs the command ("$@").
+/// files in a private mount namespace, then runs the command ("$@"). The
+/// replacement files go into the directory given first.
 const AS_GEOMETRY: &str = r#"
 set -e
-l1=$1 l1w=$2 l2=$3 l2w=$4; shift 4
-tmp=$(mktemp -d)
+tmp=$1 l1=$2 l1w=$3 l2=$4 l2w=$5; shift 5
 for idx in /sys/devices/system/cpu/cpu[0-9]*/cache/index*; do
   level=$(cat "$idx/level"); kind=$(cat "$idx/type")
   if [ "$level" = 1 ] && [ "$kind" = Data ]; then size=${l1}K ways=$l1w
@@ -297,11 +297,15 @@ fn same_bits_on_other_cpus() {
             child(&[], &[("RAYON_NUM_THREADS", "3")]),
         ),
     ];
+    let scratch = tempfile::tempdir().unwrap();
     // Simulating another cache needs a mount namespace: root, unshare and sysfs cache files.
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     if root && on_path("unshare").is_some() && sysfs_cache_files() {
-        for (name, l1, l1w, l2, l2w) in GEOMETRIES {
+        for (i, (name, l1, l1w, l2, l2w)) in GEOMETRIES.into_iter().enumerate() {
+            let files = scratch.path().join(format!("geometry-{i}"));
+            std::fs::create_dir_all(&files).unwrap();
+            let files = files.display().to_string();
             let (l1, l1w, l2, l2w) = (
                 l1.to_string(),
                 l1w.to_string(),
@@ -317,6 +321,7 @@ fn same_bits_on_other_cpus() {
                 "-c",
                 AS_GEOMETRY,
                 "sh",
+                &files,
                 &l1,
                 &l1w,
                 &l2,
