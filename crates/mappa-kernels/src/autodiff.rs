@@ -108,71 +108,11 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
     }
 
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct Softmax;
-
-        impl<B: ModelBackend> Backward<B, 1> for Softmax {
-            /// The output.
-            type State = FloatTensor<B>;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _: &mut Checkpointer,
-            ) {
-                let y = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::softmax_last_backward(y, grad)
-                });
-            }
-        }
-
-        match Softmax
-            .prepare::<C>([x.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let y = B::softmax_last(x.primitive);
-                prep.finish(y.clone(), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::softmax_last(x.primitive)),
-        }
+        from_output::<B, C>(x, B::softmax_last, B::softmax_last_backward)
     }
 
     fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct LogSoftmax;
-
-        impl<B: ModelBackend> Backward<B, 1> for LogSoftmax {
-            /// The output.
-            type State = FloatTensor<B>;
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _: &mut Checkpointer,
-            ) {
-                let y = ops.state;
-                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
-                    B::log_softmax_last_backward(y, grad)
-                });
-            }
-        }
-
-        match LogSoftmax
-            .prepare::<C>([x.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let y = B::log_softmax_last(x.primitive);
-                prep.finish(y.clone(), y)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::log_softmax_last(x.primitive)),
-        }
+        from_output::<B, C>(x, B::log_softmax_last, B::log_softmax_last_backward)
     }
 
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -209,6 +149,44 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
             }
             OpsKind::UnTracked(prep) => prep.finish(B::sum(x.primitive)),
         }
+    }
+}
+
+/// The backward pass of a unary operation whose gradient needs only its
+/// output (softmax, log-softmax): `backward(output, grad)`.
+#[derive(Debug)]
+struct FromOutput<B: ModelBackend> {
+    backward: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+}
+
+impl<B: ModelBackend> Backward<B, 1> for FromOutput<B> {
+    /// The output.
+    type State = FloatTensor<B>;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let y = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            (self.backward)(y, grad)
+        });
+    }
+}
+
+/// `forward(x)` as one autodiff node whose backward pass is `backward(output, grad)`.
+fn from_output<B: ModelBackend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    forward: fn(FloatTensor<B>) -> FloatTensor<B>,
+    backward: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    match (FromOutput { backward })
+        .prepare::<C>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = forward(x.primitive);
+            prep.finish(y.clone(), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(x.primitive)),
     }
 }
 
