@@ -142,8 +142,8 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
                 .zip(&scores)
                 .map(|(a, s)| RolloutAction {
                     agent: a.agent,
-                    prompt: a.prompt_ids.clone(),
-                    completion: a.completion_ids.clone(),
+                    prompt: &a.prompt_ids,
+                    completion: &a.completion_ids,
                     truncated: a.truncated,
                     score: s.score,
                 })

@@ -160,11 +160,10 @@ fn replay_from_the_coach_cache_needs_no_coach() {
 
 #[test]
 fn warm_start_is_trained_once_and_reused() {
-    let mut manifest = Manifest::load(&root().join("experiments/arith.toml")).unwrap();
-    if let mappa_train::manifest::DataSpec::GeneratedMath { train, eval, .. } = &mut manifest.data {
-        *train = 6;
-        *eval = 2;
-    }
+    let mut manifest = Manifest::load(&root().join("experiments/arith.toml"))
+        .unwrap()
+        .with_overrides(&toml::from_str("data = { train = 6, eval = 2 }").unwrap())
+        .unwrap();
     let warm = manifest.warm_start.as_mut().unwrap();
     warm.demonstrations = 6;
     warm.sft.epochs = 1;

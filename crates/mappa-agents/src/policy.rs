@@ -42,8 +42,8 @@ pub trait Policy: Send + Sync {
     fn generate(&self, requests: &[PolicyRequest]) -> Result<Vec<PolicyOutput>, AgentError>;
 }
 
-/// A function from a request to a reply.
-pub type Script = dyn Fn(&PolicyRequest) -> String + Send + Sync;
+/// A function from a request to a reply, or to why it cannot reply.
+pub type Script = dyn Fn(&PolicyRequest) -> Result<String, String> + Send + Sync;
 
 /// A policy that answers from a script (canned or computed replies), with
 /// no tokens or log-probs: for workflow tests and pipeline demonstrations,
@@ -59,6 +59,16 @@ impl ScriptedPolicy {
         name: &str,
         script: impl Fn(&PolicyRequest) -> String + Send + Sync + 'static,
     ) -> Self {
+        Self::fallible(name, move |r| Ok(script(r)))
+    }
+
+    /// A scripted policy whose script may fail: a teacher that cannot read
+    /// its prompt (say, a workflow's wording changed) stops the rollout with
+    /// the script's error instead of writing a wrong demonstration.
+    pub fn fallible(
+        name: &str,
+        script: impl Fn(&PolicyRequest) -> Result<String, String> + Send + Sync + 'static,
+    ) -> Self {
         Self {
             name: format!("scripted-{name}"),
             script: Box::new(script),
@@ -72,15 +82,19 @@ impl Policy for ScriptedPolicy {
     }
 
     fn generate(&self, requests: &[PolicyRequest]) -> Result<Vec<PolicyOutput>, AgentError> {
-        Ok(requests
+        requests
             .iter()
-            .map(|r| PolicyOutput {
-                text: (self.script)(r),
-                prompt_ids: Vec::new(),
-                completion_ids: Vec::new(),
-                logprobs: Vec::new(),
-                truncated: false,
+            .map(|r| {
+                let text = (self.script)(r)
+                    .map_err(|e| AgentError::Policy(format!("{}: {e}", self.name)))?;
+                Ok(PolicyOutput {
+                    text,
+                    prompt_ids: Vec::new(),
+                    completion_ids: Vec::new(),
+                    logprobs: Vec::new(),
+                    truncated: false,
+                })
             })
-            .collect())
+            .collect()
     }
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use mappa_env::sandbox::Status;
-use mappa_judge::{ActionContext, FileLists, KnownSolution};
+use mappa_judge::{ActionContext, FileLists, GroundTruth, KnownSolution};
 use serde::{Deserialize, Serialize};
 
 use crate::policy::Message;
@@ -123,7 +123,7 @@ pub fn action_contexts(
                 available: a.files_available.clone(),
                 saved: a.files_saved.clone(),
             }),
-            ground_truth: task.ground_truth.clone(),
+            ground_truth: task.ground_truth.as_deref().map(GroundTruth::from),
             is_last_agent: a.agent == last_agent,
             solution: task.solution.clone().map(|mut s| {
                 s.required_files = workflow.agents[a.agent].required_files.clone();

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use mappa_train::records::{read_jsonl, EvalLine, MetricsLine, TrainLine, TrajectoryLine};
 use plotters::prelude::*;
 use serde_json::Value;
 
@@ -38,17 +39,33 @@ pub struct RunData {
     /// The lock file.
     pub lock: Value,
     /// Every line of metrics.jsonl.
-    pub metrics: Vec<Value>,
+    pub metrics: Vec<MetricsLine>,
 }
 
-fn read_jsonl(path: &Path) -> Result<Vec<Value>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))
-        })
-        .collect()
+impl RunData {
+    /// The evaluations, in order.
+    pub fn evals(&self) -> impl Iterator<Item = &EvalLine> {
+        self.metrics.iter().filter_map(MetricsLine::as_eval)
+    }
+
+    /// The training steps, in order.
+    pub fn train_steps(&self) -> impl Iterator<Item = &TrainLine> {
+        self.metrics.iter().filter_map(MetricsLine::as_train)
+    }
+
+    /// (step, value) of the evaluations.
+    pub fn eval_series(&self, value: impl Fn(&EvalLine) -> Option<f64>) -> Vec<(f64, f64)> {
+        self.evals()
+            .filter_map(|m| Some((m.step as f64, value(m)?)))
+            .collect()
+    }
+
+    /// (step, value) of the training steps.
+    pub fn train_series(&self, value: impl Fn(&TrainLine) -> Option<f64>) -> Vec<(f64, f64)> {
+        self.train_steps()
+            .filter_map(|m| Some((m.step as f64, value(m)?)))
+            .collect()
+    }
 }
 
 /// Read a run directory.
@@ -59,7 +76,7 @@ pub fn load_run(dir: &Path) -> Result<RunData, String> {
             .map_err(|e| format!("{}: {e} (is it a run directory?)", lock_path.display()))?,
     )
     .map_err(|e| format!("{}: {e}", lock_path.display()))?;
-    let metrics = read_jsonl(&dir.join("metrics.jsonl"))?;
+    let metrics = read_jsonl(&dir.join("metrics.jsonl")).map_err(|e| e.to_string())?;
     let m = &lock["manifest"];
     let label = format!(
         "{} [{} / {}, seed {}]",
@@ -73,24 +90,6 @@ pub fn load_run(dir: &Path) -> Result<RunData, String> {
         lock,
         metrics,
     })
-}
-
-/// (step, value) of one field of the lines of one kind.
-fn series(run: &RunData, kind: &str, field: impl Fn(&Value) -> Option<f64>) -> Vec<(f64, f64)> {
-    run.metrics
-        .iter()
-        .filter(|m| m["kind"] == kind)
-        .filter_map(|m| Some((m["step"].as_f64()?, field(m)?)))
-        .collect()
-}
-
-/// Mean of an agent-level field over agents, per train step.
-fn agent_field(m: &Value, agent: &str, field: &str) -> Option<f64> {
-    m["agents"]
-        .as_array()?
-        .iter()
-        .find(|a| a["agent"] == agent)?[field]
-        .as_f64()
 }
 
 /// Draw one SVG line chart.
@@ -205,9 +204,9 @@ pub fn report(args: &ReportArgs) -> Result<(), String> {
 pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String, String> {
     let mut md = String::from("# mappa report\n\n| run | held-out accuracy: start | final | best | last train accuracy | tool-call rate: first -> last | steps |\n|---|---|---|---|---|---|---|\n");
     for run in runs {
-        let eval = series(run, "eval", |m| m["accuracy"].as_f64());
-        let train = series(run, "train", |m| m["train_accuracy"].as_f64());
-        let tools = series(run, "train", |m| m["tool_call_rate"].as_f64());
+        let eval = run.eval_series(|m| Some(m.accuracy));
+        let train = run.train_series(|m| Some(m.train_accuracy));
+        let tools = run.train_series(|m| m.tool_call_rate);
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} -> {} | {} |\n",
             run.label,
@@ -233,9 +232,9 @@ pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String,
             }
         }
     }
-    let lines = |kind: &str, f: &dyn Fn(&Value) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
+    let lines = |series: &dyn Fn(&RunData) -> Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
         runs.iter()
-            .map(|r| (r.label.clone(), series(r, kind, f)))
+            .map(|r| (r.label.clone(), series(r)))
             .filter(|(_, p)| !p.is_empty())
             .collect()
     };
@@ -243,37 +242,31 @@ pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String,
         &out.join("accuracy.svg"),
         "held-out accuracy",
         "accuracy",
-        &lines("eval", &|m| m["accuracy"].as_f64()),
+        &lines(&|r| r.eval_series(|m| Some(m.accuracy))),
     )?;
     line_chart(
         &out.join("tool_call_rate.svg"),
         "tool-call rate (actions of Python agents with code)",
         "rate",
-        &lines("train", &|m| m["tool_call_rate"].as_f64()),
+        &lines(&|r| r.train_series(|m| m.tool_call_rate)),
     )?;
     let mut rewards = Vec::new();
     let mut lengths = Vec::new();
     for run in runs {
         let agents: Vec<String> = run
-            .metrics
-            .iter()
-            .find(|m| m["kind"] == "train")
-            .and_then(|m| m["agents"].as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x["agent"].as_str().map(String::from))
-                    .collect()
-            })
+            .train_steps()
+            .next()
+            .map(|m| m.agents.iter().map(|a| a.agent.clone()).collect())
             .unwrap_or_default();
         for agent in agents {
             let label = format!("{} {agent}", run.label);
             rewards.push((
                 label.clone(),
-                series(run, "train", |m| agent_field(m, &agent, "mean_reward")),
+                run.train_series(|m| Some(m.agent(&agent)?.mean_reward)),
             ));
             lengths.push((
                 label,
-                series(run, "train", |m| agent_field(m, &agent, "response_length")),
+                run.train_series(|m| Some(m.agent(&agent)?.response_length)),
             ));
         }
     }
@@ -304,7 +297,7 @@ pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String,
 /// Runs `mappa inspect`.
 pub fn inspect(args: &InspectArgs) -> Result<(), String> {
     let path = args.run.join("trajectories.jsonl");
-    let rows = read_jsonl(&path)?;
+    let rows: Vec<TrajectoryLine> = read_jsonl(&path).map_err(|e| e.to_string())?;
     let t = rows.get(args.trajectory).ok_or_else(|| {
         format!(
             "{}: {} trajectories; --trajectory {} is out of range",
@@ -314,27 +307,25 @@ pub fn inspect(args: &InspectArgs) -> Result<(), String> {
         )
     })?;
     println!(
-        "trajectory {} (step {}, task {}, sample {}): outcome {}",
-        args.trajectory, t["step"], t["task_id"], t["sample"], t["outcome"]
+        "trajectory {} (step {}, task {:?}, sample {}): outcome {}",
+        args.trajectory, t.step, t.task_id, t.sample, t.outcome
     );
-    for a in t["actions"].as_array().into_iter().flatten() {
+    for a in &t.actions {
         println!(
             "\n=== {} (action {}) | coach {} | reward {} | advantage {}",
-            a["role"].as_str().unwrap_or("?"),
-            a["turn"],
-            a["score"],
-            a["reward"],
-            a["advantage_mean"]
+            a.role, a.turn, a.score, a.reward, a.advantage_mean
         );
-        println!("{}", a["text"].as_str().unwrap_or(""));
-        if let Some(obs) = a["tool_observation"].as_str() {
-            println!(
-                "--- tool output ({})\n{obs}",
-                a["tool_status"].as_str().unwrap_or("?")
-            );
+        println!("{}", a.text);
+        if let Some(obs) = &a.tool_observation {
+            let status = a
+                .tool_status
+                .and_then(|s| serde_json::to_value(s).ok())
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_else(|| "?".into());
+            println!("--- tool output ({status})\n{obs}");
         }
-        if let Some(r) = a["rationale"].as_str().filter(|r| !r.is_empty()) {
-            println!("--- coach: {r}");
+        if !a.rationale.is_empty() {
+            println!("--- coach: {}", a.rationale);
         }
     }
     Ok(())

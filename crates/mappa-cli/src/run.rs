@@ -11,7 +11,8 @@ use burn::backend::Autodiff;
 use clap::Args;
 use mappa_judge::cache::CacheMode;
 use mappa_judge::openai::OpenAiConfig;
-use mappa_train::manifest::{lock, run_id, BackendKind, DataSpec, Manifest};
+use mappa_train::manifest::{lock, run_id, BackendKind, Manifest};
+use mappa_train::records::MetricsLine;
 use mappa_train::run::{load_tasks, run, RunOptions};
 use serde_json::Value;
 
@@ -210,16 +211,14 @@ fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> Result<
         }
     }
     .map_err(|e| e.to_string())?;
-    match last["kind"].as_str() {
-        Some("eval") => eprintln!(
-            "final held-out accuracy: {:.3}",
-            last["accuracy"].as_f64().unwrap_or(0.0)
-        ),
-        _ => eprintln!(
+    match last.final_eval {
+        Some(eval) => eprintln!("final held-out accuracy: {:.3}", eval.accuracy),
+        None if last.step < manifest.rollout.steps => eprintln!(
             "stopped after step {}; continue with --resume {}",
-            last["step"],
+            last.step,
             run_dir.display()
         ),
+        None => eprintln!("finished {} steps (no held-out tasks)", last.step),
     }
     Ok(())
 }
@@ -334,23 +333,7 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
             "download them there (see the comment in the manifest), or point [models] at a local HF checkpoint".into(),
         ));
     }
-    match &manifest.data {
-        DataSpec::MathFile { path, .. } if !path.exists() => {
-            out.push((
-                format!("the training data {}", path.display()),
-                "restore fixtures/bench/".into(),
-            ));
-        }
-        DataSpec::Tabular(files) if !files.data_root.is_dir() => out.push((
-            format!(
-                "the DSBench data (train.csv, test.csv, answers/) under {}",
-                files.data_root.display()
-            ),
-            "get them from the DSBench data release and lay them out as the task lists' paths say"
-                .into(),
-        )),
-        _ => {}
-    }
+    out.extend(manifest.data.family().missing());
     if let Some(var) = manifest
         .coach
         .openai
@@ -520,11 +503,14 @@ pub fn eval(args: &EvalArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())?
         }
     };
-    println!("{line}");
+    println!(
+        "{}",
+        serde_json::to_string(&MetricsLine::Eval(line.clone())).map_err(|e| e.to_string())?
+    );
     eprintln!(
         "held-out accuracy {:.3} ({} trajectories); appended to {}",
-        line["accuracy"].as_f64().unwrap_or(0.0),
-        line["trajectories"],
+        line.accuracy,
+        line.trajectories,
         out.join("eval.jsonl").display()
     );
     Ok(())
@@ -637,12 +623,7 @@ pub fn ablate(args: &AblateArgs) -> Result<(), String> {
 fn comparison(dirs: &[(String, PathBuf)], runs: &[crate::report::RunData]) -> String {
     let mut by_variant: Vec<(String, Vec<f64>)> = Vec::new();
     for ((variant, _), run) in dirs.iter().zip(runs) {
-        let last = run
-            .metrics
-            .iter()
-            .rev()
-            .find(|m| m["kind"] == "eval")
-            .and_then(|m| m["accuracy"].as_f64());
+        let last = run.evals().last().map(|m| m.accuracy);
         let Some(acc) = last else { continue };
         match by_variant.iter_mut().find(|(v, _)| v == variant) {
             Some((_, values)) => values.push(acc),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use mappa_judge::scripted::Strength;
 use mappa_train::manifest::{Manifest, Study, StudyProfile};
-use serde_json::Value;
+use mappa_train::records::{read_jsonl, MetricsLine};
 
 use crate::run::{apply_variant, lock_and_id};
 
@@ -246,14 +246,10 @@ pub fn arms(
 
 /// Whether a run directory holds a finished run: its last line is the final evaluation.
 fn finished(dir: &Path, steps: usize) -> bool {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
+    read_jsonl::<MetricsLine>(&dir.join("metrics.jsonl"))
         .ok()
-        .and_then(|t| {
-            t.lines()
-                .last()
-                .and_then(|l| serde_json::from_str::<Value>(l).ok())
-        })
-        .is_some_and(|m| m["kind"] == "eval" && m["step"].as_u64() == Some(steps as u64))
+        .and_then(|lines| lines.last().cloned())
+        .is_some_and(|m| m.as_eval().is_some_and(|e| e.step == steps))
 }
 
 /// The last lines of a child's log, for an error message.

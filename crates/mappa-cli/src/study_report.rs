@@ -13,9 +13,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use mappa_train::manifest::{Manifest, Study};
+use mappa_train::records::TrainLine;
 use plotters::prelude::*;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::report::RunData;
 use crate::study::{Arm, ArmGroup, Profile};
@@ -118,29 +118,21 @@ fn average(per_seed: &[Vec<(f64, f64)>]) -> Vec<CurvePoint> {
 }
 
 fn eval_series(run: &RunData) -> Vec<(f64, f64)> {
-    run.metrics
-        .iter()
-        .filter(|m| m["kind"] == "eval")
-        .filter_map(|m| Some((m["step"].as_f64()?, m["accuracy"].as_f64()?)))
-        .collect()
+    run.eval_series(|m| Some(m.accuracy))
 }
 
 /// Per agent: (step, value) of the train lines.
 fn agent_series(
     run: &RunData,
-    value: impl Fn(&Value, &str) -> Option<f64>,
+    value: impl Fn(&TrainLine, &str) -> Option<f64>,
 ) -> BTreeMap<String, Vec<(f64, f64)>> {
     let mut out: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for m in run.metrics.iter().filter(|m| m["kind"] == "train") {
-        let Some(step) = m["step"].as_f64() else {
-            continue;
-        };
-        for agent in m["agents"].as_array().into_iter().flatten() {
-            let Some(name) = agent["agent"].as_str() else {
-                continue;
-            };
-            if let Some(v) = value(m, name) {
-                out.entry(name.to_string()).or_default().push((step, v));
+    for m in run.train_steps() {
+        for agent in &m.agents {
+            if let Some(v) = value(m, &agent.agent) {
+                out.entry(agent.agent.clone())
+                    .or_default()
+                    .push((m.step as f64, v));
             }
         }
     }
@@ -203,16 +195,11 @@ fn summarise(data: &StudyData) -> (Vec<ArmSummary>, Verdict) {
             let (mean, std) = mean_std(&finals);
             let rewards: Vec<_> = runs
                 .iter()
-                .map(|r| {
-                    agent_series(r, |m, a| {
-                        m["agents"].as_array()?.iter().find(|x| x["agent"] == a)?["mean_reward"]
-                            .as_f64()
-                    })
-                })
+                .map(|r| agent_series(r, |m, a| Some(m.agent(a)?.mean_reward)))
                 .collect();
             let scores: Vec<_> = runs
                 .iter()
-                .map(|r| agent_series(r, |m, a| m["coach_mean_score"][a].as_f64()))
+                .map(|r| agent_series(r, |m, a| m.coach_mean_score.get(a).copied()))
                 .collect();
             ArmSummary {
                 label: arm.label.clone(),
@@ -420,20 +407,13 @@ pub fn write(data: &StudyData) -> Result<(), String> {
 
 /// What "accuracy" means for the manifest's tasks.
 fn metric_note(manifest: &Manifest) -> &'static str {
-    match &manifest.data {
-        mappa_train::manifest::DataSpec::GeneratedTabular { .. }
-        | mappa_train::manifest::DataSpec::Tabular(_) => {
-            "For tabular tasks, accuracy is the rate of valid submissions (a scored submission.csv)."
-        }
-        _ => "Accuracy is the rate of right final answers.",
-    }
+    manifest.data.family().metric()
 }
 
 fn held_out_count(manifest: &Manifest) -> String {
-    match &manifest.data {
-        mappa_train::manifest::DataSpec::GeneratedMath { eval, .. } => eval.to_string(),
-        mappa_train::manifest::DataSpec::GeneratedTabular { eval, .. } => eval.to_string(),
-        _ => "the held-out".to_string(),
+    match manifest.data.family().held_out() {
+        Some(n) => n.to_string(),
+        None => "the held-out".to_string(),
     }
 }
 

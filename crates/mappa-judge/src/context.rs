@@ -1,5 +1,6 @@
 //! What the coach reads about one action, and what it returns.
 
+use mappa_env::tabular::Outcome;
 use serde::{Deserialize, Serialize};
 
 /// File lists shown to the coach for data tasks.
@@ -34,6 +35,36 @@ pub struct KnownSolution {
     pub quality: Option<f64>,
 }
 
+/// What the last agent's coach may be shown as the ground truth. In JSON a
+/// string is an answer and an object a graded submission.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GroundTruth {
+    /// The reference answer (MathChat).
+    Answer(String),
+    /// The graded submission (DSBench): its scores, or why it failed.
+    Submission(Outcome),
+}
+
+impl GroundTruth {
+    /// The text the coach prompt shows: the answer, or the submission's
+    /// evaluation as JSON.
+    pub fn render(&self) -> String {
+        match self {
+            GroundTruth::Answer(answer) => answer.clone(),
+            GroundTruth::Submission(outcome) => {
+                serde_json::to_string(outcome).expect("an outcome serialises")
+            }
+        }
+    }
+}
+
+impl From<&str> for GroundTruth {
+    fn from(answer: &str) -> Self {
+        GroundTruth::Answer(answer.to_string())
+    }
+}
+
 /// One action in context: everything the coach may read.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ActionContext {
@@ -55,11 +86,11 @@ pub struct ActionContext {
     /// File lists, for data tasks.
     #[serde(default)]
     pub files: Option<FileLists>,
-    /// The ground truth (MathChat: the reference answer; DSBench: the computed
-    /// metrics). Shown only to the last agent's coach, and only when
+    /// The ground truth (MathChat: the reference answer; DSBench: the graded
+    /// submission). Shown only to the last agent's coach, and only when
     /// `coach_sees_ground_truth` is on.
     #[serde(default)]
-    pub ground_truth: Option<String>,
+    pub ground_truth: Option<GroundTruth>,
     /// Whether this is the last agent of the chain.
     #[serde(default)]
     pub is_last_agent: bool,

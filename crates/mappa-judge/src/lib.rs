@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use context::{ActionContext, ActionScore, FileLists, KnownSolution};
+pub use context::{ActionContext, ActionScore, FileLists, GroundTruth, KnownSolution};
 
 /// Scores actions.
 pub trait Coach: Send + Sync {

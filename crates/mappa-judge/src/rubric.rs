@@ -9,7 +9,7 @@ use mappa_core::hash::sha256_hex;
 use minijinja::{context, Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
 
-use crate::context::ActionContext;
+use crate::context::{ActionContext, GroundTruth};
 use crate::CoachError;
 
 /// Tool observations are cut to this many characters (METHOD.md section 3).
@@ -201,8 +201,9 @@ impl RubricSet {
         })?;
         let ground_truth = ctx
             .ground_truth
-            .as_deref()
-            .filter(|_| coach_sees_ground_truth && ctx.is_last_agent);
+            .as_ref()
+            .filter(|_| coach_sees_ground_truth && ctx.is_last_agent)
+            .map(GroundTruth::render);
         let asks_answer_correct = ground_truth.is_some() && self.domain.asks_answer_correct();
         let observation = match ctx.tool_observation.as_deref() {
             Some(o) if !o.trim().is_empty() => cut(o, MAX_TOOL_OBSERVATION_CHARS),

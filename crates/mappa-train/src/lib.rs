@@ -30,10 +30,12 @@ pub mod machine;
 pub mod manifest;
 pub mod params;
 pub mod policy;
+pub mod records;
 pub mod run;
 pub mod schedule;
 pub mod sft;
 pub mod step;
+pub mod tasks;
 pub mod warm_start;
 
 pub use config::TrainConfig;
@@ -65,4 +67,36 @@ pub enum TrainError {
         /// What went wrong.
         message: String,
     },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: String,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file utility failed (names the file).
+    #[error(transparent)]
+    Core(#[from] mappa_core::CoreError),
+    /// A line of a run's records (`metrics.jsonl`, `trajectories.jsonl`) is not what this mappa reads.
+    #[error("{path}:{line}: {message}")]
+    Record {
+        /// The file.
+        path: String,
+        /// The 1-based line.
+        line: usize,
+        /// What was expected.
+        message: String,
+    },
+}
+
+impl TrainError {
+    /// An I/O failure on `path`.
+    pub fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        TrainError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
 }

@@ -7,7 +7,7 @@
 //! backend = "cpu"                       # cpu | wgpu | cuda
 //! seed = 42                             # master seed of every named RNG stream
 //!
-//! [data]                                # kind = "generated_math" or "math_file"
+//! [data]                                # a task family: see mappa_train::tasks
 //! kind = "generated_math"
 //! train = 64
 //! eval = 32
@@ -42,6 +42,7 @@ use mappa_judge::config::CoachConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+pub use crate::tasks::DataSpec;
 use crate::{TrainConfig, TrainError};
 
 /// The compute backend of a run.
@@ -55,88 +56,6 @@ pub enum BackendKind {
     Wgpu,
     /// CUDA: the primary GPU backend.
     Cuda,
-}
-
-/// Where tasks come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum DataSpec {
-    /// Generated AIME-format problems (`mappa_env::math_tasks`), train and
-    /// eval drawn from separate seeds and checked disjoint.
-    GeneratedMath {
-        /// Training problems.
-        train: usize,
-        /// Held-out problems.
-        eval: usize,
-        /// Generator seed (the eval set uses a seed derived from it).
-        seed: u64,
-        /// What a scripted coach looks for in an action: the solution's
-        /// intermediate values (`steps`, the default) or the solving Python
-        /// expression (`expression`).
-        #[serde(default)]
-        coach_checkpoints: CheckpointKind,
-        /// Keep the "put your final answer within \\boxed{}" instruction in
-        /// the task text (default true; compact workflows drop it).
-        #[serde(default = "yes")]
-        instruction: bool,
-        /// Which tiers to draw from, cycled (default: all).
-        #[serde(default)]
-        tiers: Option<Vec<mappa_env::math_tasks::Tier>>,
-    },
-    /// DSBench tasks from files.
-    Tabular(TabularFiles),
-    /// Generated tabular tasks (`mappa_env::tabular::generate_task`), written
-    /// into the run directory: binary, multi-class and regression in turn.
-    GeneratedTabular {
-        /// Training tasks.
-        train: usize,
-        /// Held-out tasks.
-        eval: usize,
-        /// Generator seed.
-        seed: u64,
-    },
-    /// An AIME/AMC file: a seeded sample for training, other files for eval.
-    MathFile {
-        /// The training file.
-        path: PathBuf,
-        /// Its expected sha256.
-        #[serde(default)]
-        sha256: Option<String>,
-        /// Problems sampled for training (all when absent).
-        #[serde(default)]
-        train_size: Option<usize>,
-        /// Sampling seed.
-        seed: u64,
-        /// Evaluation files, checked disjoint from the training sample.
-        #[serde(default)]
-        eval: Vec<FileRef>,
-    },
-}
-
-/// DSBench-layout tabular tasks (see `mappa_env::tabular::load_tasks`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TabularFiles {
-    /// The training task list (JSON lines).
-    pub train: FileRef,
-    /// The held-out task list.
-    pub eval: FileRef,
-    /// The cleaned-prompt file.
-    pub cleaned_prompts: FileRef,
-    /// The directory the task lists' data paths are relative to (train.csv,
-    /// test.csv, answers/...): the DSBench data release, supplied by the user.
-    pub data_root: PathBuf,
-}
-
-/// What a scripted coach checks actions against, for generated math.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CheckpointKind {
-    /// The canonical solution steps' values.
-    #[default]
-    Steps,
-    /// The Python expression that computes the answer.
-    Expression,
 }
 
 /// A supervised warm start before RL: demonstrations from a scripted
@@ -394,6 +313,13 @@ impl Manifest {
 }
 
 /// `a/b/../c` -> `a/c`, without touching the file system.
+/// Make a relative `path` relative to `base` (a manifest's directory).
+pub(crate) fn rebase(path: &mut PathBuf, base: &Path) {
+    if path.is_relative() {
+        *path = tidy(&base.join(&*path));
+    }
+}
+
 fn tidy(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for part in path.components() {
@@ -411,6 +337,30 @@ fn tidy(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Check that `path` exists and has the `expected` sha256 (a directory: its
+/// safetensors files, see [`weights_sha256`]); returns the hash found.
+pub(crate) fn check_file(
+    path: &Path,
+    expected: &Option<String>,
+    what: &str,
+) -> Result<String, TrainError> {
+    if !path.exists() {
+        return Err(manifest_err(path, format!("{what} does not exist")));
+    }
+    let found = if path.is_dir() {
+        weights_sha256(path)?
+    } else {
+        sha256_file(path).map_err(|e| manifest_err(path, e))?
+    };
+    match expected {
+        Some(e) if e != &found => Err(manifest_err(
+            path,
+            format!("{what} has sha256 {found}, the manifest expects {e}"),
+        )),
+        _ => Ok(found),
+    }
 }
 
 fn manifest_err(path: &Path, message: impl std::fmt::Display) -> TrainError {
@@ -443,33 +393,12 @@ impl Manifest {
         let text = std::fs::read_to_string(path).map_err(|e| manifest_err(path, e))?;
         let mut manifest: Self = toml::from_str(&text).map_err(|e| manifest_err(path, e))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let rebase = |p: &mut PathBuf| {
-            if p.is_relative() {
-                *p = tidy(&base.join(&*p));
-            }
-        };
-        rebase(&mut manifest.workflow);
-        match &mut manifest.data {
-            DataSpec::MathFile { path, eval, .. } => {
-                rebase(path);
-                eval.iter_mut().for_each(|f| rebase(&mut f.path));
-            }
-            DataSpec::Tabular(files) => {
-                for f in [
-                    &mut files.train,
-                    &mut files.eval,
-                    &mut files.cleaned_prompts,
-                ] {
-                    rebase(&mut f.path);
-                }
-                rebase(&mut files.data_root);
-            }
-            DataSpec::GeneratedMath { .. } | DataSpec::GeneratedTabular { .. } => {}
-        }
+        rebase(&mut manifest.workflow, base);
+        manifest.data.family_mut().rebase(base);
         manifest
             .models
             .values_mut()
-            .for_each(|m| rebase(&mut m.path));
+            .for_each(|m| rebase(&mut m.path, base));
         manifest.coach.rebase(base);
         manifest.train.total_steps = manifest.rollout.steps.max(1);
         manifest.validate().map_err(|e| manifest_err(path, e))?;
@@ -502,68 +431,20 @@ impl Manifest {
     /// Check every file the run depends on and its hash, and collect the
     /// resolved hashes. Missing files and mismatches are errors naming them.
     pub fn resolve(&self) -> Result<Value, TrainError> {
-        let check =
-            |path: &Path, expected: &Option<String>, what: &str| -> Result<String, TrainError> {
-                if !path.exists() {
-                    return Err(manifest_err(path, format!("{what} does not exist")));
-                }
-                let found = if path.is_dir() {
-                    weights_sha256(path)?
-                } else {
-                    sha256_file(path).map_err(|e| manifest_err(path, e))?
-                };
-                match expected {
-                    Some(e) if e != &found => Err(manifest_err(
-                        path,
-                        format!("{what} has sha256 {found}, the manifest expects {e}"),
-                    )),
-                    _ => Ok(found),
-                }
-            };
-        let workflow = check(&self.workflow, &None, "the workflow")?;
+        let workflow = check_file(&self.workflow, &None, "the workflow")?;
         let mut models = serde_json::Map::new();
         for (role, model) in &self.models {
             let hash = match model.init_seed {
-                Some(_) => check(
+                Some(_) => check_file(
                     &model.path.join("config.json"),
                     &model.sha256,
                     &format!("the model config of {role}"),
                 )?,
-                None => check(&model.path, &model.sha256, &format!("the model of {role}"))?,
+                None => check_file(&model.path, &model.sha256, &format!("the model of {role}"))?,
             };
             models.insert(role.clone(), json!(hash));
         }
-        let data = match &self.data {
-            DataSpec::GeneratedMath { .. } | DataSpec::GeneratedTabular { .. } => {
-                json!("generated")
-            }
-            DataSpec::Tabular(files) => {
-                if !files.data_root.is_dir() {
-                    return Err(manifest_err(&files.data_root, "the tabular data root does not exist (the DSBench data release, supplied by you)"));
-                }
-                json!({
-                    "train": check(&files.train.path, &files.train.sha256, "the training task list")?,
-                    "eval": check(&files.eval.path, &files.eval.sha256, "the held-out task list")?,
-                    "cleaned_prompts": check(&files.cleaned_prompts.path, &files.cleaned_prompts.sha256, "the cleaned prompts")?,
-                })
-            }
-            DataSpec::MathFile {
-                path, sha256, eval, ..
-            } => {
-                let mut files = serde_json::Map::new();
-                files.insert(
-                    "train".into(),
-                    json!(check(path, sha256, "the training data")?),
-                );
-                for f in eval {
-                    files.insert(
-                        f.path.display().to_string(),
-                        json!(check(&f.path, &f.sha256, "an eval set")?),
-                    );
-                }
-                Value::Object(files)
-            }
-        };
+        let data = self.data.family().resolve()?;
         Ok(json!({ "workflow_sha256": workflow, "models_sha256": models, "data_sha256": data }))
     }
 }

@@ -6,21 +6,21 @@
 
 use mappa_credit::{CreditConfig, KlPlacement, SampleKey, ScoredAction, ScoredTrajectory};
 use mappa_model::AutodiffModelBackend;
-use serde::{Deserialize, Serialize};
 
 use crate::learner::{AgentLearner, TrainSample};
 use crate::loss::LossConfig;
 use crate::{TrainConfig, TrainError};
 
-/// One action of a rollout, with its coach score.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RolloutAction {
+/// One action of a rollout, with its coach score: a view of the rollout's
+/// record (the token ids are borrowed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutAction<'a> {
     /// Index of the agent (its learner) that acted.
     pub agent: usize,
     /// The full context the agent saw.
-    pub prompt: Vec<u32>,
+    pub prompt: &'a [u32],
     /// What it generated.
-    pub completion: Vec<u32>,
+    pub completion: &'a [u32],
     /// Whether generation stopped at the token limit before EOS (masked out).
     pub truncated: bool,
     /// The coach's process score in [0, 10].
@@ -28,14 +28,14 @@ pub struct RolloutAction {
 }
 
 /// One trajectory of a rollout step.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RolloutTrajectory {
+#[derive(Debug, Clone, PartialEq)]
+pub struct RolloutTrajectory<'a> {
     /// The prompt (task) it was sampled for.
     pub group: usize,
     /// The graded outcome (1/0, or a [0, 1] quality).
     pub outcome: f64,
     /// Its actions, in chain order.
-    pub actions: Vec<RolloutAction>,
+    pub actions: Vec<RolloutAction<'a>>,
 }
 
 /// The PPO loss settings implied by the learner and credit configurations.
@@ -53,7 +53,7 @@ pub fn loss_config(train: &TrainConfig, credit: &CreditConfig) -> LossConfig {
 /// (indexed like `learners`).
 pub fn build_samples<B: AutodiffModelBackend>(
     learners: &[AgentLearner<B>],
-    trajectories: &[RolloutTrajectory],
+    trajectories: &[RolloutTrajectory<'_>],
     credit: &CreditConfig,
 ) -> Result<Vec<Vec<TrainSample>>, TrainError> {
     credit
@@ -61,7 +61,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
         .map_err(|e| TrainError::Config(e.to_string()))?;
     let credit_err = |e: mappa_credit::CreditError| TrainError::Input(e.to_string());
     // Rewards per action, in flattened order.
-    let mut flat: Vec<(&RolloutAction, usize, f64)> = Vec::new();
+    let mut flat: Vec<(&RolloutAction<'_>, usize, f64)> = Vec::new();
     for (t, trajectory) in trajectories.iter().enumerate() {
         let scored = ScoredTrajectory {
             group: trajectory.group,
@@ -99,7 +99,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
         }
         let pairs: Vec<(&[u32], &[u32])> = mine
             .iter()
-            .map(|&i| (flat[i].0.prompt.as_slice(), flat[i].0.completion.as_slice()))
+            .map(|&i| (flat[i].0.prompt, flat[i].0.completion))
             .collect();
         for (&i, (o, r)) in mine.iter().zip(
             learner
@@ -143,8 +143,8 @@ pub fn build_samples<B: AutodiffModelBackend>(
         .zip(old.into_iter().zip(reference))
     {
         per_agent[action.agent].push(TrainSample {
-            prompt: action.prompt.clone(),
-            completion: action.completion.clone(),
+            prompt: action.prompt.to_vec(),
+            completion: action.completion.to_vec(),
             old_logprobs: old,
             ref_logprobs: reference,
             advantages: advantages.iter().map(|&a| a as f32).collect(),

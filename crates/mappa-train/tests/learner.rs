@@ -366,12 +366,18 @@ fn corrupted_or_missing_checkpoint_files_are_named() {
     assert!(err.contains("solver"), "{err}");
 }
 
-fn action(agent: usize, seed: u64, truncated: bool, score: f64) -> mappa_train::RolloutAction {
+/// An action with random ids (leaked: a rollout action borrows its ids).
+fn action(
+    agent: usize,
+    seed: u64,
+    truncated: bool,
+    score: f64,
+) -> mappa_train::RolloutAction<'static> {
     let mut rng = RngStream::from_u64(seed);
     mappa_train::RolloutAction {
         agent,
-        prompt: tokens(&mut rng, 5),
-        completion: tokens(&mut rng, 4),
+        prompt: tokens(&mut rng, 5).leak(),
+        completion: tokens(&mut rng, 4).leak(),
         truncated,
         score,
     }

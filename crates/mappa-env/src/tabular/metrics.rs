@@ -136,7 +136,7 @@ impl AnswerKey {
 
 /// Scores of one submission. Classification fields are `Some` for
 /// classification tasks, regression fields for regression tasks.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Scores {
     /// Rows scored (= answer rows).
     pub n_rows: usize,
@@ -619,7 +619,7 @@ fn read_table(path: &Path) -> Result<Table, TabularError> {
 }
 
 /// The result of evaluating one task attempt.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Outcome {
     /// The task id.
     pub task_id: String,
@@ -672,7 +672,7 @@ pub fn evaluate(task: &TabularTask, submission: Option<&Path>) -> Result<Outcome
 /// - RMSE % of range (regression): 100 (an error as large as the whole range).
 ///
 /// A mean with nothing to average is `None`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FairSummary {
     /// Attempts.
     pub n: usize,

@@ -22,7 +22,7 @@ use super::TabularError;
 /// What kind of prediction a task asks for. Binary versus multi-class is not
 /// recorded in the task files; it is a property of the answer key's label set
 /// (see [`super::metrics::AnswerKey::n_classes`]), never of the predictions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskKind {
     /// Predict a class label (or a probability of the positive class).

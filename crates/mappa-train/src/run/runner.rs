@@ -1,0 +1,253 @@
+//! What a run holds ([`Runner`]) and how it is built from a manifest: the
+//! workflow, the tasks and their grader, the sandbox, one learner and
+//! tokenizer per agent (from a checkpoint, random weights, or a warm
+//! start), and the coach.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::module::AutodiffModule;
+use mappa_agents::{ActionRecord, Policy, RolloutEngine, TaskInput, Trajectory, Workflow};
+use mappa_core::rng::SeedTree;
+use mappa_env::sandbox::{Sandbox, SandboxConfig};
+use mappa_judge::cache::CacheMode;
+use mappa_judge::Coach;
+use mappa_model::weights::load_transformer;
+use mappa_model::AutodiffModelBackend;
+use mappa_model::{
+    ChatTemplate, GenerationConfig, HfTokenizer, SamplingConfig, Transformer, TransformerConfig,
+};
+
+use super::RunDir;
+use crate::manifest::Manifest;
+use crate::tasks::TaskSet;
+use crate::{AgentLearner, ModelPolicy, TrainError};
+
+/// One agent's tokenizer and chat template.
+pub(super) struct AgentModel {
+    tokenizer: HfTokenizer,
+    template: ChatTemplate,
+}
+
+/// Everything a run holds.
+pub(super) struct Runner<'a, B: AutodiffModelBackend> {
+    pub manifest: &'a Manifest,
+    pub workflow: Workflow,
+    pub tasks: TaskSet,
+    pub models: Vec<AgentModel>,
+    pub learners: Vec<AgentLearner<B>>,
+    pub coach: Option<Box<dyn Coach>>,
+    pub sandbox: Sandbox,
+    pub seeds: SeedTree,
+    pub dir: RunDir,
+}
+
+/// The workflow, tasks and sandbox of a manifest (generated tasks are
+/// written under `out_dir/data`).
+pub(super) fn open_environment(
+    manifest: &Manifest,
+    out_dir: &Path,
+) -> Result<(Workflow, TaskSet, Sandbox), TrainError> {
+    let config = |e: &dyn std::fmt::Display| TrainError::Config(e.to_string());
+    let workflow = Workflow::load(&manifest.workflow).map_err(|e| config(&e))?;
+    let tasks = super::load_tasks(manifest, &out_dir.join("data"))?;
+    let sandbox =
+        Sandbox::new(SandboxConfig::discover().map_err(|e| config(&e))?).map_err(|e| config(&e))?;
+    Ok((workflow, tasks, sandbox))
+}
+
+/// Each role's starting model and the directory it came from (for its
+/// tokenizer): a checkpoint, or random weights from a seed.
+fn base_models<B: AutodiffModelBackend>(
+    manifest: &Manifest,
+    workflow: &Workflow,
+    device: &B::Device,
+) -> Result<BTreeMap<String, (Transformer<B>, PathBuf)>, TrainError> {
+    let mut sources = BTreeMap::new();
+    for agent in &workflow.agents {
+        let spec = manifest.models.get(&agent.role).ok_or_else(|| {
+            TrainError::Config(format!("models: no model for role {:?}", agent.role))
+        })?;
+        let model_err =
+            |e: &dyn std::fmt::Display| TrainError::Model(format!("{}: {e}", spec.path.display()));
+        let model = match spec.init_seed {
+            Some(seed) => TransformerConfig::from_hf_file(&spec.path.join("config.json"))
+                .map_err(|e| model_err(&e))?
+                .init::<B>(seed, device),
+            None => load_transformer::<B>(&spec.path, device).map_err(|e| model_err(&e))?,
+        };
+        sources.insert(agent.role.clone(), (model, spec.path.clone()));
+    }
+    Ok(sources)
+}
+
+/// Notes this machine in a coach cache being recorded, and warns once when
+/// a replayed cache was recorded on a machine that differs.
+fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<(), TrainError> {
+    let (Some(path), mode) = (&config.cache, config.cache_mode) else {
+        return Ok(());
+    };
+    if mode == CacheMode::Off {
+        return Ok(());
+    }
+    let cache_error = |e: mappa_judge::CoachError| TrainError::Config(e.to_string());
+    let cache = mappa_judge::cache::CoachCache::open(path, mode).map_err(cache_error)?;
+    let here = crate::machine::record();
+    match (mode, cache.recorded_machine().map_err(cache_error)?) {
+        (CacheMode::Replay, Some(recorded)) => {
+            let recorded: serde_json::Value = serde_json::from_str(&recorded).unwrap_or_default();
+            if let Some(warning) = crate::machine::warning(
+                &format!("the coach cache {} was recorded", path.display()),
+                &recorded,
+                &here,
+            ) {
+                eprintln!("{warning}");
+            }
+        }
+        (CacheMode::ReadWrite, None) => {
+            cache.note_machine(&here.to_string()).map_err(cache_error)?
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+impl<'a, B: AutodiffModelBackend> Runner<'a, B>
+where
+    Transformer<B::InnerBackend>: Send,
+{
+    /// Load the workflow, tasks, models (warm-started when the manifest
+    /// says so) and sandbox of a manifest; with `coach = Some(mode)` also
+    /// the coach, its cache mode overridden by `mode`.
+    pub fn build(
+        manifest: &'a Manifest,
+        run_dir: &Path,
+        coach: Option<Option<CacheMode>>,
+        device: &B::Device,
+    ) -> Result<Self, TrainError> {
+        let (workflow, tasks, sandbox) = open_environment(manifest, run_dir)?;
+        let mut sources = base_models::<B>(manifest, &workflow, device)?;
+        if let Some(warm) = &manifest.warm_start {
+            let resolved = manifest.resolve()?;
+            let cache_root = run_dir.parent().unwrap_or(run_dir).join(".warm-start");
+            let dir = crate::warm_start::cache_dir(manifest, &resolved, &cache_root);
+            let tuned = crate::warm_start::ensure(
+                manifest,
+                warm,
+                &workflow,
+                sources,
+                &tasks.eval,
+                &sandbox,
+                &dir,
+            )?;
+            sources = BTreeMap::new();
+            for (role, path) in tuned {
+                let model = load_transformer::<B>(&path, device)
+                    .map_err(|e| TrainError::Model(format!("{}: {e}", path.display())))?;
+                sources.insert(role, (model, path));
+            }
+        }
+        let mut models = Vec::new();
+        let mut learners = Vec::new();
+        for agent in &workflow.agents {
+            let (policy, path) = sources.remove(&agent.role).expect("every role has a model");
+            let model_err =
+                |e: &dyn std::fmt::Display| TrainError::Model(format!("{}: {e}", path.display()));
+            let tokenizer = HfTokenizer::from_dir(&path).map_err(|e| model_err(&e))?;
+            let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(|e| model_err(&e))?;
+            learners.push(AgentLearner::new(
+                &agent.role,
+                policy,
+                manifest.train.clone(),
+            )?);
+            models.push(AgentModel {
+                tokenizer,
+                template,
+            });
+        }
+        let coach = match coach {
+            Some(mode) => {
+                let mut config = manifest.coach.clone();
+                if let Some(mode) = mode {
+                    config.cache_mode = mode;
+                }
+                compare_cache_machine(&config)?;
+                Some(
+                    config
+                        .build()
+                        .map_err(|e| TrainError::Config(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
+        let dir = RunDir {
+            root: run_dir.to_path_buf(),
+        };
+        std::fs::create_dir_all(&dir.root).map_err(|e| TrainError::io(&dir.root, e))?;
+        Ok(Runner {
+            manifest,
+            workflow,
+            tasks,
+            models,
+            learners,
+            coach,
+            sandbox,
+            seeds: SeedTree::new(manifest.seed),
+            dir,
+        })
+    }
+
+    fn generation(&self, temperature: f64) -> GenerationConfig {
+        GenerationConfig {
+            max_new_tokens: self.manifest.rollout.max_new_tokens,
+            sampling: SamplingConfig {
+                top_p: self.manifest.rollout.top_p as f32,
+                ..SamplingConfig::with_temperature(temperature as f32)
+            },
+            eos_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+        }
+    }
+
+    /// Roll out `tasks` with each agent's current weights, calling
+    /// `on_agent_done` as each agent finishes (see
+    /// [`RolloutEngine::run_with`]). Returns the trajectories and their
+    /// working directory.
+    pub fn rollout(
+        &self,
+        tasks: &[TaskInput],
+        samples: usize,
+        temperature: f64,
+        stream: &str,
+        on_agent_done: &mut dyn FnMut(usize, Vec<(usize, Vec<ActionRecord>)>),
+    ) -> Result<(Vec<Trajectory>, PathBuf), TrainError> {
+        let seeds = SeedTree::new(self.seeds.stream(stream).next_u64());
+        let policies: Vec<ModelPolicy<'_, B::InnerBackend>> = self
+            .learners
+            .iter()
+            .zip(&self.models)
+            .map(|(l, m)| {
+                ModelPolicy::new(
+                    l.name(),
+                    l.policy().valid(),
+                    &m.tokenizer,
+                    &m.template,
+                    self.generation(temperature),
+                    seeds,
+                )
+            })
+            .collect();
+        let work = self.dir.work().join(stream.replace('/', "-"));
+        let engine = RolloutEngine::new(
+            &self.workflow,
+            policies.iter().map(|p| p as &dyn Policy).collect(),
+            &self.sandbox,
+            &work,
+        )
+        .map_err(|e| TrainError::Input(e.to_string()))?;
+        let trajectories = engine
+            .run_with(tasks, samples, on_agent_done)
+            .map_err(|e| TrainError::Input(e.to_string()))?;
+        Ok((trajectories, work))
+    }
+}

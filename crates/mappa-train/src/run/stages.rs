@@ -1,0 +1,532 @@
+//! One training step as stages, each a function with typed inputs and
+//! outputs:
+//!
+//! 1. [`Runner::rollout_coaching_early`]: roll out the batch; each agent
+//!    but the last is coached while the next one generates.
+//! 2. [`Runner::grade`]: grade every trajectory (the task family's grader).
+//! 3. [`Runner::coach_last`]: coach the last agent, shown the graded
+//!    ground truth (DSBench: the submission's metrics).
+//! 4. [`assemble`]: one [`StepTrajectory`] per trajectory, each action with
+//!    its score; a count that does not match is an error.
+//! 5. [`Runner::assign_credit`]: rewards, advantages and training samples
+//!    through `mappa-credit` ([`crate::step::build_samples`]).
+//! 6. [`Runner::update`]: one optimiser step per agent.
+//! 7. [`record`]: the step's [`TrainLine`] and [`TrajectoryLine`]s.
+
+use std::collections::BTreeMap;
+
+use mappa_agents::{action_contexts, ActionRecord, TaskInput, Trajectory, Workflow};
+use mappa_env::tabular::FairSummary;
+use mappa_judge::{ActionContext, ActionScore, Coach, GroundTruth};
+use mappa_model::AutodiffModelBackend;
+
+use super::remove_work;
+use super::runner::Runner;
+use crate::learner::{StepMetrics, TrainSample};
+use crate::records::{ActionLine, EvalLine, TrainLine, TrajectoryLine, SCHEMA_VERSION};
+use crate::step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
+use crate::tasks::{Graded, TaskSet};
+use crate::TrainError;
+
+/// Coach scores of one agent's actions in one trajectory, keyed by
+/// (trajectory index, agent index).
+type ScoresByAgent = BTreeMap<(usize, usize), Vec<ActionScore>>;
+
+/// A trajectory as a training step carries it from stage to stage.
+pub(super) struct StepTrajectory {
+    /// The rollout's record.
+    pub trajectory: Trajectory,
+    /// Its grade.
+    pub graded: Graded,
+    /// The coach's score of each action, in action order.
+    pub scores: Vec<ActionScore>,
+    /// Each action's credit, in action order (after [`Runner::assign_credit`]).
+    pub credit: Vec<ActionCredit>,
+}
+
+/// What credit assignment gave one action.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct ActionCredit {
+    /// Its reward.
+    pub reward: f64,
+    /// Its mean advantage over valid tokens.
+    pub advantage_mean: f64,
+}
+
+/// The task each trajectory ran on.
+fn task_of<'t>(
+    by_id: &BTreeMap<&str, &'t TaskInput>,
+    t: &Trajectory,
+) -> Result<&'t TaskInput, TrainError> {
+    by_id
+        .get(t.task_id.as_str())
+        .copied()
+        .ok_or_else(|| TrainError::Input(format!("trajectory of unknown task {:?}", t.task_id)))
+}
+
+fn by_id(tasks: &[TaskInput]) -> BTreeMap<&str, &TaskInput> {
+    tasks.iter().map(|t| (t.id.as_str(), t)).collect()
+}
+
+/// Score `contexts` and split the scores among `owners` (key, count), checking the count.
+fn score_owned(
+    coach: &dyn Coach,
+    contexts: &[ActionContext],
+    owners: Vec<((usize, usize), usize)>,
+    into: &mut ScoresByAgent,
+) -> Result<(), TrainError> {
+    let scores = coach
+        .score_batch(contexts)
+        .map_err(|e| TrainError::Input(format!("coach: {e}")))?;
+    if scores.len() != contexts.len() {
+        return Err(TrainError::Input(format!(
+            "coach {}: {} scores for {} actions",
+            coach.name(),
+            scores.len(),
+            contexts.len()
+        )));
+    }
+    let mut it = scores.into_iter();
+    for (key, n) in owners {
+        into.insert(key, it.by_ref().take(n).collect());
+    }
+    Ok(())
+}
+
+/// Stage 4: each trajectory with its grade and every action's score (from
+/// the early or the last agent's coaching), in action order.
+pub(super) fn assemble(
+    trajectories: Vec<Trajectory>,
+    graded: Vec<Graded>,
+    mut scores: ScoresByAgent,
+) -> Result<Vec<StepTrajectory>, TrainError> {
+    let mut out = Vec::with_capacity(trajectories.len());
+    for (i, (trajectory, graded)) in trajectories.into_iter().zip(graded).enumerate() {
+        let mut mine: BTreeMap<usize, std::vec::IntoIter<ActionScore>> = BTreeMap::new();
+        let mut action_scores = Vec::with_capacity(trajectory.actions.len());
+        for a in &trajectory.actions {
+            let queue = mine
+                .entry(a.agent)
+                .or_insert_with(|| scores.remove(&(i, a.agent)).unwrap_or_default().into_iter());
+            action_scores.push(queue.next().ok_or_else(|| {
+                TrainError::Input(format!(
+                    "trajectory {i} ({}): no coach score for {} action {}",
+                    trajectory.task_id, a.role, a.turn
+                ))
+            })?);
+        }
+        if let Some((agent, extra)) = mine.iter().find(|(_, q)| q.len() > 0) {
+            return Err(TrainError::Input(format!(
+                "trajectory {i} ({}): {} coach scores too many for agent {agent}",
+                trajectory.task_id,
+                extra.len()
+            )));
+        }
+        out.push(StepTrajectory {
+            trajectory,
+            graded,
+            scores: action_scores,
+            credit: Vec::new(),
+        });
+    }
+    Ok(out)
+}
+
+/// Stage 7: the step's metrics line and one record per trajectory.
+pub(super) fn record(
+    step: usize,
+    workflow: &Workflow,
+    scored: &[StepTrajectory],
+    agents: Vec<StepMetrics>,
+) -> (TrainLine, Vec<TrajectoryLine>) {
+    // Per-role coach means and tool use, for reports.
+    let mut role_scores: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let (mut tool_actions, mut with_code) = (0usize, 0usize);
+    for t in scored {
+        for (a, s) in t.trajectory.actions.iter().zip(&t.scores) {
+            let e = role_scores.entry(a.role.clone()).or_default();
+            e.0 += s.score;
+            e.1 += 1;
+            if workflow.agents[a.agent].tool == mappa_agents::Tool::Python {
+                tool_actions += 1;
+                with_code += a.code.is_some() as usize;
+            }
+        }
+    }
+    let accuracy =
+        scored.iter().map(|t| t.graded.outcome).sum::<f64>() / scored.len().max(1) as f64;
+    let line = TrainLine {
+        schema: SCHEMA_VERSION,
+        step,
+        train_accuracy: accuracy,
+        coach_mean_score: role_scores
+            .into_iter()
+            .map(|(role, (sum, n))| (role, sum / n as f64))
+            .collect(),
+        tool_call_rate: (tool_actions > 0).then(|| with_code as f64 / tool_actions as f64),
+        agents,
+    };
+    let rows = scored
+        .iter()
+        .map(|t| TrajectoryLine {
+            schema: SCHEMA_VERSION,
+            step,
+            task_id: t.trajectory.task_id.clone(),
+            sample: t.trajectory.sample,
+            outcome: t.graded.outcome,
+            actions: t
+                .trajectory
+                .actions
+                .iter()
+                .zip(&t.scores)
+                .zip(&t.credit)
+                .map(|((a, s), c)| ActionLine {
+                    role: a.role.clone(),
+                    turn: a.turn,
+                    text: a.text.clone(),
+                    truncated: a.truncated,
+                    code: a.code.clone(),
+                    tool_observation: a.tool_observation.clone(),
+                    tool_status: a.tool_status,
+                    score: s.score,
+                    rationale: s.rationale.clone(),
+                    coach_fallback: s.fallback,
+                    reward: c.reward,
+                    advantage_mean: c.advantage_mean,
+                })
+                .collect(),
+        })
+        .collect();
+    (line, rows)
+}
+
+/// An evaluation line: accuracy over `trajectories`, plus DSBench's fair
+/// metrics for tasks graded on a submission.
+pub(super) fn eval_line(
+    step: usize,
+    workflow: &Workflow,
+    tasks: &TaskSet,
+    trajectories: &[Trajectory],
+) -> Result<EvalLine, TrainError> {
+    let by_id = by_id(&tasks.eval);
+    let mut correct = 0.0;
+    let mut submissions = Vec::new();
+    for t in trajectories {
+        let graded = tasks.grader.grade(workflow, task_of(&by_id, t)?, t)?;
+        correct += graded.outcome;
+        if let Some(GroundTruth::Submission(outcome)) = graded.ground_truth {
+            submissions.push(outcome);
+        }
+    }
+    Ok(EvalLine {
+        schema: SCHEMA_VERSION,
+        step,
+        accuracy: correct / trajectories.len().max(1) as f64,
+        trajectories: trajectories.len(),
+        tabular: (!submissions.is_empty()).then(|| FairSummary::from_outcomes(&submissions)),
+        checkpoint: None,
+        policy: None,
+    })
+}
+
+impl<B: AutodiffModelBackend> Runner<'_, B>
+where
+    mappa_model::Transformer<B::InnerBackend>: Send,
+{
+    /// Evaluate the current weights on the held-out tasks.
+    pub fn evaluate(&self, step: usize) -> Result<EvalLine, TrainError> {
+        let e = &self.manifest.eval;
+        let (trajectories, work) = self.rollout(
+            &self.tasks.eval,
+            e.samples,
+            e.temperature,
+            &format!("eval/step-{step}"),
+            &mut |_, _| {},
+        )?;
+        let line = eval_line(step, &self.workflow, &self.tasks, &trajectories)?;
+        remove_work(&work)?;
+        Ok(line)
+    }
+
+    /// One training step on `batch`: the stages in order.
+    pub fn train_step(
+        &mut self,
+        step: usize,
+        batch: &[TaskInput],
+    ) -> Result<(TrainLine, Vec<TrajectoryLine>), TrainError> {
+        let (trajectories, work, mut scores) = self.rollout_coaching_early(step, batch)?;
+        let graded = self.grade(batch, &trajectories)?;
+        remove_work(&work)?;
+        self.coach_last(batch, &trajectories, &graded, &mut scores)?;
+        let mut scored = assemble(trajectories, graded, scores)?;
+        let samples = self.assign_credit(&mut scored)?;
+        let agents = self.update(&samples)?;
+        Ok(record(step, &self.workflow, &scored, agents))
+    }
+
+    fn coach(&self) -> Result<&dyn Coach, TrainError> {
+        self.coach
+            .as_deref()
+            .ok_or_else(|| TrainError::Config("training needs a coach".into()))
+    }
+
+    /// Stage 1: roll out `batch`; every agent but the last is coached while
+    /// the next one generates (the last agent's coach may need the graded
+    /// outcome). Returns the trajectories, their working directory (to
+    /// remove once graded) and the early scores.
+    fn rollout_coaching_early(
+        &self,
+        step: usize,
+        batch: &[TaskInput],
+    ) -> Result<(Vec<Trajectory>, std::path::PathBuf, ScoresByAgent), TrainError> {
+        let coach = self.coach()?;
+        let r = &self.manifest.rollout;
+        let samples = r.samples_per_prompt;
+        let last_agent = self.workflow.agents.len() - 1;
+        let workflow = &self.workflow;
+        let (sender, receiver) =
+            std::sync::mpsc::channel::<(usize, Vec<(usize, Vec<ActionRecord>)>)>();
+        let (rolled, early) = std::thread::scope(|s| {
+            let scorer = s.spawn(move || -> Result<ScoresByAgent, TrainError> {
+                let mut scored = BTreeMap::new();
+                for (agent, done) in receiver {
+                    let mut contexts = Vec::new();
+                    let mut owners = Vec::new();
+                    for (i, actions) in &done {
+                        let task = &batch[i / samples];
+                        contexts.extend(action_contexts(workflow, task, i % samples, actions));
+                        owners.push(((*i, agent), actions.len()));
+                    }
+                    score_owned(coach, &contexts, owners, &mut scored)?;
+                }
+                Ok(scored)
+            });
+            let rolled = self.rollout(
+                batch,
+                samples,
+                r.temperature,
+                &format!("rollout/step-{step}"),
+                &mut |agent, done| {
+                    if agent != last_agent {
+                        let _ = sender.send((agent, done));
+                    }
+                },
+            );
+            drop(sender);
+            (rolled, scorer.join().expect("the coaching thread"))
+        });
+        let (trajectories, work) = rolled?;
+        Ok((trajectories, work, early?))
+    }
+
+    /// Stage 2: grade every trajectory.
+    fn grade(
+        &self,
+        batch: &[TaskInput],
+        trajectories: &[Trajectory],
+    ) -> Result<Vec<Graded>, TrainError> {
+        let by_id = by_id(batch);
+        trajectories
+            .iter()
+            .map(|t| {
+                self.tasks
+                    .grader
+                    .grade(&self.workflow, task_of(&by_id, t)?, t)
+            })
+            .collect()
+    }
+
+    /// Stage 3: coach the last agent's actions, each shown its
+    /// trajectory's graded ground truth; adds their scores to `scores`.
+    fn coach_last(
+        &self,
+        batch: &[TaskInput],
+        trajectories: &[Trajectory],
+        graded: &[Graded],
+        scores: &mut ScoresByAgent,
+    ) -> Result<(), TrainError> {
+        let last_agent = self.workflow.agents.len() - 1;
+        let by_id = by_id(batch);
+        let mut contexts = Vec::new();
+        let mut owners = Vec::new();
+        for (i, (t, g)) in trajectories.iter().zip(graded).enumerate() {
+            let last: Vec<ActionRecord> = t
+                .actions
+                .iter()
+                .filter(|a| a.agent == last_agent)
+                .cloned()
+                .collect();
+            let task = task_of(&by_id, t)?;
+            contexts.extend(
+                action_contexts(&self.workflow, task, t.sample, &last)
+                    .into_iter()
+                    .map(|mut c| {
+                        c.ground_truth = g.ground_truth.clone();
+                        c
+                    }),
+            );
+            owners.push(((i, last_agent), last.len()));
+        }
+        score_owned(self.coach()?, &contexts, owners, scores)
+    }
+
+    /// Stage 5: rewards and advantages of every action (recorded in
+    /// `scored`), and each agent's training samples.
+    fn assign_credit(
+        &self,
+        scored: &mut [StepTrajectory],
+    ) -> Result<Vec<Vec<TrainSample>>, TrainError> {
+        let mask_truncated = self.manifest.rollout.mask_truncated;
+        let rollout: Vec<RolloutTrajectory<'_>> = scored
+            .iter()
+            .map(|t| RolloutTrajectory {
+                group: t.trajectory.group,
+                outcome: t.graded.outcome,
+                actions: t
+                    .trajectory
+                    .actions
+                    .iter()
+                    .zip(&t.scores)
+                    .map(|(a, s)| RolloutAction {
+                        agent: a.agent,
+                        prompt: &a.prompt_ids,
+                        completion: &a.completion_ids,
+                        truncated: a.truncated && mask_truncated,
+                        score: s.score,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let samples = build_samples(&self.learners, &rollout, &self.manifest.credit)?;
+        // Samples are per agent, in trajectory order.
+        let mut next = vec![0usize; samples.len()];
+        let credit: Vec<Vec<ActionCredit>> = rollout
+            .iter()
+            .map(|t| {
+                t.actions
+                    .iter()
+                    .map(|a| {
+                        let s = &samples[a.agent][next[a.agent]];
+                        next[a.agent] += 1;
+                        let valid: Vec<f64> = s
+                            .advantages
+                            .iter()
+                            .zip(&s.mask)
+                            .filter(|(_, m)| **m)
+                            .map(|(x, _)| *x as f64)
+                            .collect();
+                        ActionCredit {
+                            reward: s.reward,
+                            advantage_mean: valid.iter().sum::<f64>() / valid.len().max(1) as f64,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        for (t, credit) in scored.iter_mut().zip(credit) {
+            t.credit = credit;
+        }
+        Ok(samples)
+    }
+
+    /// Stage 6: one optimiser step per agent on its own samples.
+    fn update(&mut self, samples: &[Vec<TrainSample>]) -> Result<Vec<StepMetrics>, TrainError> {
+        let loss = loss_config(&self.manifest.train, &self.manifest.credit);
+        self.learners
+            .iter_mut()
+            .zip(samples)
+            .map(|(learner, samples)| learner.train_step(samples, &loss))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn action(agent: usize, turn: usize) -> ActionRecord {
+        ActionRecord {
+            agent,
+            role: format!("agent{agent}"),
+            turn,
+            messages: Vec::new(),
+            text: String::new(),
+            prompt_ids: Vec::new(),
+            completion_ids: Vec::new(),
+            old_logprobs: Vec::new(),
+            truncated: false,
+            code: None,
+            tool_observation: None,
+            tool_status: None,
+            files_available: Vec::new(),
+            files_saved: Vec::new(),
+        }
+    }
+
+    fn score(x: f64) -> ActionScore {
+        ActionScore {
+            score: x,
+            rationale: String::new(),
+            fallback: false,
+            fallback_reason: None,
+            answer_correct: None,
+            raw_response: String::new(),
+            coach: "test".into(),
+            template_sha256: String::new(),
+            cached: false,
+        }
+    }
+
+    fn trajectory(actions: Vec<ActionRecord>) -> Trajectory {
+        Trajectory {
+            task_id: "t".into(),
+            group: 0,
+            sample: 0,
+            actions,
+            final_output: None,
+            workdir: Default::default(),
+        }
+    }
+
+    fn graded() -> Graded {
+        Graded {
+            outcome: 1.0,
+            ground_truth: None,
+        }
+    }
+
+    #[test]
+    fn scores_go_to_their_actions_and_miscounts_are_errors() {
+        let actions = vec![action(0, 0), action(1, 0), action(1, 1), action(2, 0)];
+        let scores: ScoresByAgent = [
+            ((0, 0), vec![score(1.0)]),
+            ((0, 1), vec![score(2.0), score(3.0)]),
+            ((0, 2), vec![score(4.0)]),
+        ]
+        .into();
+        let out = assemble(
+            vec![trajectory(actions.clone())],
+            vec![graded()],
+            scores.clone(),
+        )
+        .unwrap();
+        let got: Vec<f64> = out[0].scores.iter().map(|s| s.score).collect();
+        assert_eq!(got, [1.0, 2.0, 3.0, 4.0]);
+
+        let mut short = scores.clone();
+        short.get_mut(&(0, 1)).unwrap().pop();
+        let e = assemble(vec![trajectory(actions.clone())], vec![graded()], short)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("no coach score for agent1 action 1"), "{e}");
+
+        let mut long = scores;
+        long.get_mut(&(0, 2)).unwrap().push(score(5.0));
+        let e = assemble(vec![trajectory(actions)], vec![graded()], long)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("1 coach scores too many for agent 2"), "{e}");
+    }
+}

@@ -1,0 +1,405 @@
+//! `data.kind = "generated_math"`: generated AIME-format problems
+//! (`mappa_env::math_tasks`), train and held-out sets drawn from separate
+//! seeds and checked disjoint; graded on the boxed answer. Its teacher,
+//! `arith`, writes the arith workflow's plan -> program -> boxed answer and
+//! slips at a set rate per role.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use mappa_agents::{PolicyRequest, ScriptedPolicy, TaskInput};
+use mappa_core::rng::{RngStream, SeedTree};
+use mappa_env::datasets::normalize_problem_text;
+use mappa_env::math_tasks::{generate_mix_of, GeneratedProblem, Tier};
+use mappa_judge::KnownSolution;
+use serde::{Deserialize, Serialize};
+
+use super::{expect_roles, settings_boilerplate, AnswerGrader, TaskFamily, TaskSet, Teacher};
+use crate::manifest::{SlipKind, WarmStart};
+use crate::TrainError;
+
+/// Generated problems: how many, from which seed, and what agents and a
+/// scripted coach see of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratedMath {
+    /// Training problems.
+    pub train: usize,
+    /// Held-out problems.
+    pub eval: usize,
+    /// Generator seed (the held-out set uses a seed derived from it).
+    pub seed: u64,
+    /// What a scripted coach looks for in an action: the solution's
+    /// intermediate values (`steps`, the default) or the solving Python
+    /// expression (`expression`).
+    #[serde(default)]
+    pub coach_checkpoints: CheckpointKind,
+    /// Keep the "put your final answer within \\boxed{}" instruction in
+    /// the task text (default true; compact workflows drop it).
+    #[serde(default = "yes")]
+    pub instruction: bool,
+    /// Which tiers to draw from, cycled (default: all).
+    #[serde(default)]
+    pub tiers: Option<Vec<Tier>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What a scripted coach checks actions against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointKind {
+    /// The canonical solution steps' values.
+    #[default]
+    Steps,
+    /// The Python expression that computes the answer.
+    Expression,
+}
+
+impl GeneratedMath {
+    fn tiers(&self) -> &[Tier] {
+        self.tiers.as_deref().unwrap_or(&Tier::ALL)
+    }
+
+    /// What agents see of a problem: the whole prompt (with the
+    /// boxed-answer instruction) or only the statement.
+    fn text(&self, p: &GeneratedProblem) -> String {
+        if self.instruction {
+            p.prompt.clone()
+        } else {
+            p.statement().to_string()
+        }
+    }
+
+    /// A problem as the rollout engine receives it; the known solution
+    /// (for scripted coaches) carries the tier as the task kind, so that a
+    /// scripted coach can be biased per tier.
+    fn task(&self, group: usize, p: &GeneratedProblem) -> TaskInput {
+        TaskInput {
+            id: p.id.clone(),
+            group,
+            text: self.text(p),
+            ground_truth: Some(p.answer.to_string()),
+            solution: Some(KnownSolution {
+                task_kind: p.tier.name().into(),
+                answer: Some(p.answer.to_string()),
+                checkpoints: match self.coach_checkpoints {
+                    CheckpointKind::Steps => p.steps.clone(),
+                    CheckpointKind::Expression => vec![p.expression().to_string()],
+                },
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+}
+
+impl TaskFamily for GeneratedMath {
+    settings_boilerplate!();
+
+    fn held_out(&self) -> Option<usize> {
+        Some(self.eval)
+    }
+
+    fn load(&self, _data_dir: &Path) -> Result<TaskSet, TrainError> {
+        let train = generate_mix_of(self.tiers(), self.train, self.seed);
+        let seen: HashSet<String> = train
+            .iter()
+            .map(|p| normalize_problem_text(&p.prompt))
+            .collect();
+        let eval_seed = SeedTree::new(self.seed)
+            .stream("data/eval-seed")
+            .next_u64();
+        // Draw extra and drop any that repeat a training problem.
+        let eval: Vec<_> = generate_mix_of(self.tiers(), self.eval * 2 + 8, eval_seed)
+            .into_iter()
+            .filter(|p| !seen.contains(&normalize_problem_text(&p.prompt)))
+            .take(self.eval)
+            .collect();
+        if eval.len() < self.eval {
+            return Err(TrainError::Config(format!(
+                "data: only {} held-out problems disjoint from training",
+                eval.len()
+            )));
+        }
+        let tasks = |problems: &[GeneratedProblem]| {
+            problems
+                .iter()
+                .enumerate()
+                .map(|(i, p)| self.task(i, p))
+                .collect()
+        };
+        Ok(TaskSet {
+            train: tasks(&train),
+            eval: tasks(&eval),
+            grader: Box::new(AnswerGrader),
+        })
+    }
+
+    fn metric(&self) -> &'static str {
+        "Accuracy is the rate of right final answers."
+    }
+
+    /// The `arith` teacher: a pool of generated problems of its own (none
+    /// held out), one demonstration per problem.
+    fn teacher(
+        &self,
+        warm: &WarmStart,
+        roles: &[String],
+        held_out: &[TaskInput],
+        _data_dir: &Path,
+    ) -> Result<Teacher, TrainError> {
+        if warm.teacher != "arith" {
+            return Err(TrainError::Config(format!(
+                "warm_start.teacher = {:?}: generated_math tasks have the \"arith\" teacher",
+                warm.teacher
+            )));
+        }
+        expect_roles(
+            &warm.teacher,
+            roles,
+            &["problem_solver", "code_executor", "verifier"],
+        )?;
+        // Demonstrations repeated over the RL training problems would teach
+        // the models to recall those problems rather than to copy numbers.
+        let held_out: HashSet<String> = held_out
+            .iter()
+            .map(|t| normalize_problem_text(&t.text))
+            .collect();
+        let pool_seed = SeedTree::new(self.seed)
+            .stream("warm-start/pool")
+            .next_u64();
+        let problems: Vec<GeneratedProblem> = generate_mix_of(
+            self.tiers(),
+            warm.demonstrations + held_out.len(),
+            pool_seed,
+        )
+        .into_iter()
+        .filter(|p| !held_out.contains(&normalize_problem_text(&p.prompt)))
+        .take(warm.demonstrations)
+        .collect();
+        let tasks = problems
+            .iter()
+            .enumerate()
+            .map(|(group, p)| TaskInput {
+                id: p.id.clone(),
+                group,
+                text: self.text(p),
+                ..Default::default()
+            })
+            .collect();
+        let policies = arith_teacher(
+            Arc::new(problems),
+            &warm.error_rates,
+            warm.slips,
+            SeedTree::new(warm.sft.seed),
+        );
+        Ok(Teacher { tasks, policies })
+    }
+}
+
+/// Change one number of `text` by a small non-zero amount (a plausible slip).
+fn perturb_number(text: &str, rng: &mut RngStream) -> String {
+    let mut spans = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i].is_ascii_digit() {
+            let start = i;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+            spans.push((start, i));
+        } else {
+            i += 1;
+        }
+    }
+    let Some(&(start, end)) = spans.get(rng.below(spans.len().max(1) as u64) as usize) else {
+        return format!("{text}1");
+    };
+    let value: i64 = text[start..end].parse().unwrap_or(0);
+    let delta = [1i64, -1, 2, -2, 3][rng.below(5) as usize];
+    let new = if value + delta < 0 {
+        value + 1
+    } else {
+        value + delta
+    };
+    format!("{}{new}{}", &text[..start], &text[end..])
+}
+
+/// `expr` with its last operation left out: `pow(a, k, m)` -> `pow(a, k)`,
+/// `(a op b) op c` -> `(a op b)`; an expression of one term gains ` + 1`.
+fn drop_last_step(expr: &str) -> String {
+    if let Some(head) = expr
+        .strip_prefix("pow(")
+        .and_then(|e| e.rsplit_once(", "))
+        .map(|(h, _)| h)
+    {
+        return format!("pow({head})");
+    }
+    match expr.rsplit_once(' ').and_then(|(h, _)| h.rsplit_once(' ')) {
+        Some((head, _)) if !head.is_empty() => head.to_string(),
+        _ => format!("{expr} + 1"),
+    }
+}
+
+/// One role's mistake of `kind` on the text it would have written.
+fn slip(kind: SlipKind, role: &str, text: &str, rng: &mut RngStream) -> String {
+    match (kind, role) {
+        (SlipKind::Digit, _) => perturb_number(text, rng),
+        (SlipKind::Structural, "verifier") => format!("{text}0"),
+        (SlipKind::Structural, _) => drop_last_step(text),
+    }
+}
+
+/// The user message of a request, or an error naming the role.
+fn user_message<'r>(r: &'r PolicyRequest, role: &str) -> Result<&'r str, String> {
+    r.messages
+        .get(1)
+        .map(|m| m.content.as_str())
+        .ok_or_else(|| format!("the {role}'s request has no user message"))
+}
+
+/// The arith teacher's policies: the Problem Solver plans with the Python
+/// expression, the Code Executor prints the planned expression, the
+/// Verifier boxes the printed value; each slips at its role's error rate.
+/// A prompt the teacher cannot read (a workflow whose wording changed) is
+/// an error, never a made-up demonstration.
+fn arith_teacher(
+    problems: Arc<Vec<GeneratedProblem>>,
+    error_rates: &BTreeMap<String, f64>,
+    kind: SlipKind,
+    seeds: SeedTree,
+) -> Vec<ScriptedPolicy> {
+    let rate = |role: &str| error_rates.get(role).copied().unwrap_or(0.0);
+    let slips = move |r: &PolicyRequest| seeds.stream(&format!("teacher/{}", r.stream));
+    let find = |problems: &[GeneratedProblem], user: &str| -> Option<GeneratedProblem> {
+        problems
+            .iter()
+            .find(|p| user.contains(p.statement()))
+            .cloned()
+    };
+    let (p1, p2) = (problems.clone(), problems);
+    let (r1, r2, r3) = (
+        rate("problem_solver"),
+        rate("code_executor"),
+        rate("verifier"),
+    );
+    let solver = ScriptedPolicy::fallible("arith-teacher-solver", move |r| {
+        let user = user_message(r, "Problem Solver")?;
+        let p = find(&p1, user).ok_or_else(|| {
+            format!("no problem of the teacher's pool in the Problem Solver's prompt {user:?}")
+        })?;
+        let mut rng = slips(r);
+        let expr = if rng.uniform() < r1 {
+            slip(kind, "problem_solver", p.expression(), &mut rng)
+        } else {
+            p.expression().to_string()
+        };
+        Ok(format!("Plan: {expr}"))
+    });
+    let executor = ScriptedPolicy::fallible("arith-teacher-executor", move |r| {
+        let user = user_message(r, "Code Executor")?;
+        let plan = user
+            .lines()
+            .find_map(|l| l.strip_prefix("Plan: "))
+            .ok_or_else(|| {
+                format!("the Code Executor's prompt has no line starting with \"Plan: \" (the Problem Solver's plan): {user:?}")
+            })?
+            .to_string();
+        let preamble = find(&p2, user).map(|p| p.preamble()).unwrap_or_default();
+        let mut rng = slips(r);
+        let expr = if rng.uniform() < r2 {
+            slip(kind, "code_executor", &plan, &mut rng)
+        } else {
+            plan
+        };
+        Ok(format!("```python\n{preamble}print({expr})\n```"))
+    });
+    let verifier = ScriptedPolicy::fallible("arith-teacher-verifier", move |r| {
+        let user = user_message(r, "Verifier")?;
+        let printed = user
+            .split("Output:\n")
+            .nth(1)
+            .ok_or_else(|| {
+                format!("the Verifier's prompt has no \"Output:\" section (the program's output): {user:?}")
+            })?
+            .lines()
+            .next()
+            .unwrap_or("0")
+            .trim()
+            .to_string();
+        let mut rng = slips(r);
+        let value = if rng.uniform() < r3 {
+            slip(kind, "verifier", &printed, &mut rng)
+        } else {
+            printed
+        };
+        Ok(format!("\\boxed{{{value}}}"))
+    });
+    vec![solver, executor, verifier]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mappa_agents::{Message, Policy};
+
+    #[test]
+    fn structural_slips_leave_out_the_last_operation() {
+        assert_eq!(drop_last_step("pow(45, 3, 4)"), "pow(45, 3)");
+        assert_eq!(drop_last_step("(51 * 29 + 39) % 81"), "(51 * 29 + 39)");
+        assert_eq!(drop_last_step("(12 - 7) * 3"), "(12 - 7)");
+        assert_eq!(drop_last_step("17"), "17 + 1");
+        let mut rng = SeedTree::new(1).stream("t");
+        assert_eq!(
+            slip(SlipKind::Structural, "verifier", "42", &mut rng),
+            "420"
+        );
+        assert_eq!(
+            slip(
+                SlipKind::Structural,
+                "code_executor",
+                "pow(2, 5, 7)",
+                &mut rng
+            ),
+            "pow(2, 5)"
+        );
+        let digit = slip(SlipKind::Digit, "verifier", "42", &mut rng);
+        assert_ne!(digit, "42");
+        assert_eq!(digit.len(), 2);
+    }
+
+    /// A prompt whose wording the teacher cannot read stops the rollout
+    /// with the reason, instead of demonstrating `\boxed{0}`.
+    #[test]
+    fn the_teacher_refuses_prompts_it_cannot_read() {
+        let policies = arith_teacher(
+            Arc::new(generate_mix_of(&Tier::ALL, 2, 3)),
+            &BTreeMap::new(),
+            SlipKind::Digit,
+            SeedTree::new(1),
+        );
+        let request = |user: &str| PolicyRequest {
+            messages: vec![Message::new("system", "s"), Message::new("user", user)],
+            stream: "t".into(),
+        };
+        let e = policies[1]
+            .generate(&[request("The solver's work: 3 + 4")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Plan: ") && e.contains("arith-teacher-executor"), "{e}");
+        let e = policies[2]
+            .generate(&[request("Its result:\n7")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("Output:"), "{e}");
+        let ok = policies[2]
+            .generate(&[request("Output:\n7\n")])
+            .unwrap();
+        assert_eq!(ok[0].text, "\\boxed{7}");
+    }
+}
