@@ -85,7 +85,7 @@ pub struct Trajectory {
 }
 
 impl Trajectory {
-    /// The coach's view of every action, in order (METHOD.md section 3).
+    /// The coach's view of every action, in order (docs/METHOD.md section 3).
     pub fn coach_contexts(&self, workflow: &Workflow, task: &TaskInput) -> Vec<ActionContext> {
         action_contexts(workflow, task, self.sample, &self.actions)
     }

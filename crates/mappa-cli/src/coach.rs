@@ -24,7 +24,7 @@ pub enum CoachCommand {
 /// Arguments of `mappa coach score`.
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
-    /// The coach configuration (TOML; see the README).
+    /// The coach configuration (TOML; schema in docs/COACH.md).
     #[arg(long)]
     config: PathBuf,
     /// Action contexts, one JSON object per line (`-` for standard input).

@@ -1,4 +1,4 @@
-//! Credit assignment and REINFORCE++ advantage maths for MAPPA (METHOD.md
+//! Credit assignment and REINFORCE++ advantage maths for MAPPA (docs/METHOD.md
 //! sections 4 and 5), on plain `f64` slices.
 //!
 //! The trainer turns a rollout step into advantages in three stages, each a

@@ -1,4 +1,4 @@
-//! Advantage normalisation over a rollout step (METHOD.md section 5, step 4).
+//! Advantage normalisation over a rollout step (docs/METHOD.md section 5, step 4).
 //!
 //! Each sample (one action's completion) has a [`SampleKey`] (its agent and
 //! prompt group), per-token returns and a mask. A [`NormScope`] says which

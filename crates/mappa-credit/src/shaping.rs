@@ -1,5 +1,5 @@
 //! Per-token shaping of one sample (one action's completion): the KL penalty,
-//! per-token rewards and discounted returns (METHOD.md section 5, steps 1-3).
+//! per-token rewards and discounted returns (docs/METHOD.md section 5, steps 1-3).
 //!
 //! The sequence reward goes on the last valid token; with
 //! [`KlPlacement::Reward`] every valid token also gets `-beta * k_t`. Returns

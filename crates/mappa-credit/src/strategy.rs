@@ -5,7 +5,7 @@
 //! actions in chain order, each with the coach's 0-10 process score, and the
 //! trajectory's outcome. A [`CreditStrategy`] turns it into one reward per
 //! action; rewards are finally clipped to [-[`REWARD_CLIP`], [`REWARD_CLIP`]]
-//! (METHOD.md section 5).
+//! (docs/METHOD.md section 5).
 //!
 //! To add a strategy, add a variant here and its arm in `rewards` (and in
 //! `name`, and `validate` if it has parameters): one type in one place.
@@ -49,7 +49,7 @@ pub enum CreditStrategy {
     #[default]
     Process,
     /// The outcome for every action of every agent (the paper's outcome-only
-    /// baseline, METHOD.md section 4).
+    /// baseline, docs/METHOD.md section 4).
     Outcome,
     /// The outcome for the actions of the last agent in the chain (the agent
     /// of the last action); 0 for every other action.

@@ -1,4 +1,4 @@
-//! The coach: per-action process rewards from AI feedback (METHOD.md section 3).
+//! The coach: per-action process rewards from AI feedback (docs/METHOD.md section 3).
 //!
 //! After every agent action a [`Coach`] reads the action in context
 //! ([`ActionContext`]) and returns an [`ActionScore`]: a 0-10 score, a short

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::context::{ActionContext, GroundTruth};
 use crate::CoachError;
 
-/// Tool observations are cut to this many characters (METHOD.md section 3).
+/// Tool observations are cut to this many characters (docs/METHOD.md section 3).
 pub const MAX_TOOL_OBSERVATION_CHARS: usize = 2000;
 
 /// One chat message, in the OpenAI format.

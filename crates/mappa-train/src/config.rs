@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// Optimiser, schedule and loss settings of one agent's learner.
 ///
-/// Defaults are the paper's (METHOD.md section 5): Adam (0.9, 0.95), lr 1e-6
+/// Defaults are the paper's (docs/METHOD.md section 5): Adam (0.9, 0.95), lr 1e-6
 /// decaying by cosine to 1e-7 after a 3% linear warm-up, no weight decay,
 /// gradient-norm clip 1.0, PPO clip 0.2, token-level mean.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

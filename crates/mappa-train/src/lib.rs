@@ -1,5 +1,5 @@
 //! Training for mappa: one REINFORCE++ learner per agent, each with its own
-//! weights, frozen reference and optimiser (METHOD.md section 5).
+//! weights, frozen reference and optimiser (docs/METHOD.md section 5).
 //!
 //! - [`config`]: the learner's hyper-parameters (the paper's by default).
 //! - [`schedule`]: linear warm-up then cosine decay of the learning rate.

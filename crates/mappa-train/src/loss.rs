@@ -1,4 +1,4 @@
-//! The PPO-clip policy loss of REINFORCE++ (METHOD.md section 5), with an
+//! The PPO-clip policy loss of REINFORCE++ (docs/METHOD.md section 5), with an
 //! optional dual clip and an optional KL term for the "KL in the loss"
 //! ablation.
 

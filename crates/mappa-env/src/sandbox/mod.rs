@@ -64,7 +64,7 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// The paper's 60 s timeout (METHOD.md section 4), 4 GiB of address
+    /// The paper's 60 s timeout (docs/METHOD.md section 2), 4 GiB of address
     /// space (numpy/pandas/scikit-learn need about 1 GiB of it), 64 processes,
     /// 256 MiB files and 64 KiB of each output stream.
     fn default() -> Self {

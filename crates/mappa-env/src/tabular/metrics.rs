@@ -3,7 +3,7 @@
 //! A submission is a CSV with the task's id column and a prediction column
 //! named like the target (or, failing that, the first column other than the
 //! id column). Rows are
-//! matched to the answer file **by id**, never by row order (METHOD.md §8
+//! matched to the answer file **by id**, never by row order (docs/METHOD.md section 8,
 //! pitfall 3); extra submission ids are ignored and counted.
 //!
 //! Labels are compared after canonicalisation ([`canonical_label`]): numbers

@@ -10,7 +10,7 @@
 //!   achievable scores, for tests and CPU-scale experiments.
 //!
 //! The task type comes from the task files, never from the target values
-//! (METHOD.md §8 pitfall 6); see [`tasks::load_tasks`] for how the metadata's
+//! (docs/METHOD.md section 8, pitfall 6); see [`tasks::load_tasks`] for how the metadata's
 //! `data_type` and the cleaned prompt's `task_type` and `metric` are combined.
 
 pub mod generate;
