@@ -1,32 +1,111 @@
 //! One whole training step of the arith workflow on the CPU backend, as the
-//! pipeline runs it: three agents with their own tiny fixture models roll
-//! out with the real Python tool, a scripted coach scores every action, the
-//! process credit strategy gives rewards, and each agent's learner takes
-//! one REINFORCE++ step on its own actions.
+//! pipeline runs it, on actions a reviewer can judge: three agents with
+//! their own tiny fixture models act through a teacher-forced policy (a
+//! script writes each reply; the agent's tokenizer and chat template turn
+//! prompt and reply into token ids ending in EOS, so no action is
+//! truncated), the Code Executor's program runs in the real Python
+//! sandbox, the Verifier's answer is graded, a scripted coach scores every
+//! action, the process credit strategy gives rewards, and each agent's
+//! learner takes one REINFORCE++ step on its own actions. The step must
+//! update every agent's weights.
 
 use std::os::unix::fs::PermissionsExt;
 
 use burn::backend::Autodiff;
-use burn::module::AutodiffModule;
-use mappa_agents::{RolloutEngine, TaskInput, Workflow};
-use mappa_core::rng::SeedTree;
+use mappa_agents::{
+    Policy, PolicyOutput, PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Workflow,
+};
 use mappa_credit::CreditConfig;
-use mappa_env::math_tasks::generate_mix;
-use mappa_env::sandbox::{find_python, Sandbox, SandboxConfig};
+use mappa_env::math_tasks::{generate_mix, GeneratedProblem};
+use mappa_env::sandbox::{find_python, Sandbox, SandboxConfig, Status};
 use mappa_judge::scripted::{ScriptedCoach, ScriptedConfig, Strength};
 use mappa_judge::{Coach, KnownSolution};
 use mappa_model::weights::{hf_tensors, load_transformer};
-use mappa_model::{ChatTemplate, GenerationConfig, HfTokenizer, SamplingConfig};
+use mappa_model::{ChatTemplate, HfTokenizer, Tokenizer};
 use mappa_tests::fixtures;
+use mappa_train::sft::encode_demonstration;
 use mappa_train::{
-    build_samples, loss_config, AgentLearner, ModelPolicy, RolloutAction, RolloutTrajectory,
-    TrainConfig,
+    build_samples, loss_config, AgentLearner, RolloutAction, RolloutTrajectory, TrainConfig,
 };
 
 type B = Autodiff<mappa_model::backend::Cpu>;
 
+/// A scripted reply, tokenised as the agent's model would see and emit it.
+struct TeacherForced<'a> {
+    script: ScriptedPolicy,
+    tokenizer: &'a HfTokenizer,
+    template: &'a ChatTemplate,
+}
+
+impl Policy for TeacherForced<'_> {
+    fn name(&self) -> String {
+        self.script.name()
+    }
+
+    fn generate(
+        &self,
+        requests: &[PolicyRequest],
+    ) -> Result<Vec<PolicyOutput>, mappa_agents::AgentError> {
+        let replies = self.script.generate(requests)?;
+        requests
+            .iter()
+            .zip(replies)
+            .map(|(r, reply)| {
+                let (prompt_ids, completion_ids) =
+                    encode_demonstration(&r.messages, &reply.text, self.tokenizer, self.template)
+                        .map_err(|e| mappa_agents::AgentError::Policy(e.to_string()))?;
+                Ok(PolicyOutput {
+                    logprobs: vec![0.0; completion_ids.len()],
+                    prompt_ids,
+                    completion_ids,
+                    truncated: false,
+                    text: reply.text,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The problem a request is about.
+fn problem_of<'p>(problems: &'p [GeneratedProblem], r: &PolicyRequest) -> &'p GeneratedProblem {
+    let user = &r.messages[1].content;
+    problems
+        .iter()
+        .find(|p| user.contains(p.statement()))
+        .expect("the prompt names its problem")
+}
+
+/// The arith workflow's three roles, scripted: a plan, a program and then a
+/// report of its output, a boxed answer (wrong in the second sample, so
+/// that outcomes differ).
+fn scripts(problems: &[GeneratedProblem]) -> Vec<ScriptedPolicy> {
+    let (p1, p2, p3) = (problems.to_vec(), problems.to_vec(), problems.to_vec());
+    vec![
+        ScriptedPolicy::new("solver", move |r| {
+            format!("Compute {}.", problem_of(&p1, r).expression())
+        }),
+        ScriptedPolicy::new("executor", move |r| {
+            let p = problem_of(&p2, r);
+            if r.messages.iter().any(|m| m.content.contains("Output")) {
+                format!("The program printed {}.", p.answer)
+            } else {
+                format!("```python\n{}print({})\n```", p.preamble(), p.expression())
+            }
+        }),
+        ScriptedPolicy::new("verifier", move |r| {
+            let p = problem_of(&p3, r);
+            let answer = if r.stream.contains("/s1/") {
+                p.answer + 1
+            } else {
+                p.answer
+            };
+            format!("\\boxed{{{answer}}}")
+        }),
+    ]
+}
+
 #[test]
-fn one_arith_step_trains_every_agent_on_its_own_actions() {
+fn one_arith_step_trains_every_agent_on_its_own_untruncated_actions() {
     let root = fixtures().join("..");
     let model_dir = fixtures().join("models/qwen3-tiny");
     let workflow = Workflow::load(&root.join("experiments/workflows/arith.toml")).unwrap();
@@ -71,25 +150,12 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
             ..Default::default()
         })
         .collect();
-
-    let generation = GenerationConfig {
-        max_new_tokens: 12,
-        sampling: SamplingConfig::with_temperature(1.0),
-        eos_token_ids: Vec::new(),
-        stop_strings: Vec::new(),
-    };
-    let seeds = SeedTree::new(42);
-    let policies: Vec<ModelPolicy<'_, mappa_model::backend::Cpu>> = learners
-        .iter()
-        .map(|l| {
-            ModelPolicy::new(
-                l.name(),
-                l.policy().valid(),
-                &tokenizer,
-                &template,
-                generation.clone(),
-                seeds,
-            )
+    let policies: Vec<TeacherForced<'_>> = scripts(&problems)
+        .into_iter()
+        .map(|script| TeacherForced {
+            script,
+            tokenizer: &tokenizer,
+            template: &template,
         })
         .collect();
     let mut sandbox_config =
@@ -100,10 +166,7 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let engine = RolloutEngine::new(
         &workflow,
-        policies
-            .iter()
-            .map(|p| p as &dyn mappa_agents::Policy)
-            .collect(),
+        policies.iter().map(|p| p as &dyn Policy).collect(),
         &sandbox,
         dir.path(),
     )
@@ -119,9 +182,25 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
         judge_against_input: false,
     })
     .unwrap();
+    let eos = tokenizer.eos_token_ids()[0];
+    let mut outcomes = Vec::new();
     let mut rollout = Vec::new();
     for t in &trajectories {
         let task = tasks.iter().find(|x| x.id == t.task_id).unwrap();
+        // Real actions: ending in EOS, and the program ran and printed the answer.
+        for a in &t.actions {
+            assert!(
+                !a.truncated && a.completion_ids.last() == Some(&eos),
+                "{a:?}"
+            );
+        }
+        let ran = t.actions.iter().find(|a| a.code.is_some()).unwrap();
+        assert_eq!(ran.tool_status, Some(Status::Ok), "{ran:?}");
+        assert!(ran
+            .tool_observation
+            .as_deref()
+            .unwrap()
+            .contains(task.ground_truth.as_deref().unwrap()));
         let scores = coach
             .score_batch(&t.coach_contexts(&workflow, task))
             .unwrap();
@@ -133,6 +212,7 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
                     .correct as u8 as f64
             })
             .unwrap_or(0.0);
+        outcomes.push(outcome);
         rollout.push(RolloutTrajectory {
             group: t.group,
             outcome,
@@ -149,12 +229,12 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
                 })
                 .collect(),
         });
-        // Every action carries what training needs.
-        for a in &t.actions {
-            assert!(!a.prompt_ids.is_empty());
-            assert_eq!(a.completion_ids.len(), a.old_logprobs.len());
-        }
     }
+    assert_eq!(
+        outcomes,
+        [1.0, 0.0, 1.0, 0.0],
+        "sample 1's Verifier is wrong"
+    );
 
     let credit = CreditConfig::default();
     let samples = build_samples(&learners, &rollout, &credit).unwrap();
@@ -168,20 +248,23 @@ fn one_arith_step_trains_every_agent_on_its_own_actions() {
             actions,
             "agent {agent} trains on exactly its own actions"
         );
+        assert!(
+            samples[agent].iter().all(|s| s.mask.iter().all(|m| *m)),
+            "no token of agent {agent} is masked"
+        );
         let before = hf_tensors(learner.policy());
         let metrics = learner
             .train_step(&samples[agent], &loss_config(learner.config(), &credit))
             .unwrap();
+        assert!(!metrics.skipped, "agent {agent}: {metrics:?}");
         assert!(
-            metrics.loss.is_finite() && metrics.grad_norm.is_finite(),
+            metrics.loss.is_finite() && metrics.grad_norm > 0.0 && metrics.grad_norm.is_finite(),
             "{metrics:?}"
         );
-        if !metrics.skipped {
-            assert_ne!(
-                before,
-                hf_tensors(learner.policy()),
-                "agent {agent}'s weights moved"
-            );
-        }
+        assert_ne!(
+            before,
+            hf_tensors(learner.policy()),
+            "agent {agent}'s weights moved"
+        );
     }
 }

@@ -597,6 +597,75 @@ mod tests {
         TransformerConfig::for_family(family, 50, 16, 32, 2, 4, 2, 8)
     }
 
+    /// Both branches of the linear layer, `W xᵀ` (up to [`FEW_ROWS`] rows:
+    /// decoding, and the HF parity tests' short prompts) and `x Wᵀ` (more
+    /// rows: every training step), give the same bits on the same rows, and
+    /// agree with a plain f64 product.
+    #[test]
+    fn linear_layer_branches_agree_at_64_and_65_rows() {
+        let device = Default::default();
+        let (rows, inputs, outputs) = (FEW_ROWS + 1, 24, 10);
+        let values = |n: usize, k: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i as f32 * k).sin() * 1.7)).collect()
+        };
+        let (w, b, x) = (
+            values(outputs * inputs, 0.37),
+            values(outputs, 1.3),
+            values(rows * inputs, 0.11),
+        );
+        let weight = || {
+            Tensor::<TestBackend, 1>::from_floats(w.as_slice(), &device).reshape([outputs, inputs])
+        };
+        let bias = || Some(Tensor::<TestBackend, 1>::from_floats(b.as_slice(), &device));
+        let input = |from: usize, to: usize| {
+            Tensor::<TestBackend, 1>::from_floats(&x[from * inputs..to * inputs], &device)
+                .reshape([to - from, inputs])
+        };
+        let all: Vec<f32> = dense_forward(weight(), bias(), input(0, rows))
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let mut split: Vec<f32> = dense_forward(weight(), bias(), input(0, FEW_ROWS))
+            .into_data()
+            .to_vec()
+            .unwrap();
+        split.extend(
+            dense_forward(weight(), bias(), input(FEW_ROWS, rows))
+                .into_data()
+                .to_vec::<f32>()
+                .unwrap(),
+        );
+        assert_eq!(all.len(), rows * outputs);
+        // The 64 rows of the `W xᵀ` branch are the `x Wᵀ` branch's bit for
+        // bit (both are one FMA chain per element). A single row is a
+        // matrix-vector product, which gemm sums in another (fixed) order:
+        // equal to rounding only, which is why training recomputes the
+        // log-probs it got while decoding.
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let head = FEW_ROWS * outputs;
+        assert_eq!(
+            bits(&all[..head]),
+            bits(&split[..head]),
+            "x Wᵀ (65 rows) and W xᵀ (64 rows) differ"
+        );
+        for (a, b) in all[head..].iter().zip(&split[head..]) {
+            assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{a} vs {b}");
+        }
+        for r in 0..rows {
+            for o in 0..outputs {
+                let exact: f64 = b[o] as f64
+                    + (0..inputs)
+                        .map(|i| x[r * inputs + i] as f64 * w[o * inputs + i] as f64)
+                        .sum::<f64>();
+                let got = all[r * outputs + o] as f64;
+                assert!(
+                    (got - exact).abs() < 1e-5,
+                    "row {r}, output {o}: {got} vs {exact}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn forward_shapes_and_param_count() {
         let device = Default::default();

@@ -8,7 +8,10 @@ use burn::prelude::*;
 use mappa_core::rng::SeedTree;
 use mappa_model::kernels;
 use mappa_model::AutodiffModelBackend;
-use mappa_model::{completion_logprobs, Transformer};
+use mappa_model::{
+    completion_logprobs, ChatMessage, ChatRequest, ChatTemplate, HfTokenizer, Tokenizer,
+    Transformer,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::params::clip_global_grad_norm;
@@ -103,4 +106,29 @@ pub fn supervised_finetune<B: AutodiffModelBackend>(
         on_epoch(epoch, total / tokens as f64);
     }
     Ok((model, losses))
+}
+/// Tokenise one demonstration (an agent's input and the reply it should
+/// give): the conversation rendered by the chat template with the
+/// generation prompt, and the reply with EOS.
+pub fn encode_demonstration(
+    messages: &[mappa_agents::Message],
+    text: &str,
+    tokenizer: &HfTokenizer,
+    template: &ChatTemplate,
+) -> Result<(Vec<u32>, Vec<u32>), TrainError> {
+    let model_err = |e: mappa_model::ModelError| TrainError::Model(e.to_string());
+    let chat: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| ChatMessage::new(&m.role, &m.content))
+        .collect();
+    let prompt = template
+        .render(&ChatRequest {
+            messages: &chat,
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .map_err(model_err)?;
+    let mut completion = tokenizer.encode(text).map_err(model_err)?;
+    completion.extend(tokenizer.eos_token_ids().first());
+    Ok((tokenizer.encode(&prompt).map_err(model_err)?, completion))
 }

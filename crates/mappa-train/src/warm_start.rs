@@ -15,13 +15,11 @@ use mappa_core::hash::sha256_hex;
 use mappa_env::sandbox::Sandbox;
 use mappa_model::weights::save_transformer;
 use mappa_model::AutodiffModelBackend;
-use mappa_model::{
-    ChatMessage, ChatRequest, ChatTemplate, HfTokenizer, StorageDtype, Tokenizer, Transformer,
-};
+use mappa_model::{ChatTemplate, HfTokenizer, StorageDtype, Transformer};
 use serde_json::{json, Value};
 
 use crate::manifest::{Manifest, WarmStart};
-use crate::sft::supervised_finetune;
+use crate::sft::{encode_demonstration, supervised_finetune};
 use crate::TrainError;
 
 /// Files copied next to the tuned weights so that the directory is a full checkpoint.
@@ -30,30 +28,6 @@ const TOKENIZER_FILES: [&str; 3] = [
     "tokenizer_config.json",
     "generation_config.json",
 ];
-
-/// Tokenise one demonstration: the rendered conversation, and the completion with EOS.
-fn encode(
-    messages: &[mappa_agents::Message],
-    text: &str,
-    tokenizer: &HfTokenizer,
-    template: &ChatTemplate,
-) -> Result<(Vec<u32>, Vec<u32>), TrainError> {
-    let model_err = |e: mappa_model::ModelError| TrainError::Model(e.to_string());
-    let chat: Vec<ChatMessage> = messages
-        .iter()
-        .map(|m| ChatMessage::new(&m.role, &m.content))
-        .collect();
-    let prompt = template
-        .render(&ChatRequest {
-            messages: &chat,
-            add_generation_prompt: true,
-            ..Default::default()
-        })
-        .map_err(model_err)?;
-    let mut completion = tokenizer.encode(text).map_err(model_err)?;
-    completion.extend(tokenizer.eos_token_ids().first());
-    Ok((tokenizer.encode(&prompt).map_err(model_err)?, completion))
-}
 
 /// The source of the code that makes warm-started models: this file, the
 /// supervised fine-tuning, and the task families (their teachers). Part of
@@ -151,7 +125,7 @@ pub fn ensure<B: AutodiffModelBackend>(
             .iter()
             .flat_map(|t| t.actions.iter().filter(|a| a.agent == agent))
             .take(warm.demonstrations)
-            .map(|a| encode(&a.messages, &a.text, &tokenizer, &template))
+            .map(|a| encode_demonstration(&a.messages, &a.text, &tokenizer, &template))
             .collect::<Result<Vec<_>, _>>()?;
         let (tuned, losses) =
             supervised_finetune(model.clone(), &demos, &warm.sft, &mut |epoch, loss| {
