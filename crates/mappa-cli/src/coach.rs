@@ -5,11 +5,11 @@
 //! training. A summary (scores, fallbacks per role, tokens, cost) goes to
 //! stderr, and with `--report` to a JSON file.
 
+use anyhow::anyhow;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
 use mappa_judge::config::CoachConfig;
 use mappa_judge::ActionContext;
 use serde_json::json;
@@ -42,28 +42,28 @@ pub struct ScoreArgs {
 }
 
 /// Runs `mappa coach ...`.
-pub fn run(command: &CoachCommand) -> Result<(), String> {
+pub fn run(command: &CoachCommand) -> anyhow::Result<()> {
     match command {
         CoachCommand::Score(args) => score(args),
     }
 }
 
-fn read_actions(args: &ScoreArgs) -> Result<Vec<ActionContext>, String> {
+fn read_actions(args: &ScoreArgs) -> anyhow::Result<Vec<ActionContext>> {
     let source = args.input.display().to_string();
     let reader: Box<dyn BufRead> = if source == "-" {
         Box::new(BufReader::new(std::io::stdin()))
     } else {
-        let file = std::fs::File::open(&args.input).map_err(|e| format!("{source}: {e}"))?;
+        let file = std::fs::File::open(&args.input).map_err(|e| anyhow!("{source}: {e}"))?;
         Box::new(BufReader::new(file))
     };
     let mut actions = Vec::new();
     for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| format!("{source}:{}: {e}", i + 1))?;
+        let line = line.map_err(|e| anyhow!("{source}:{}: {e}", i + 1))?;
         if line.trim().is_empty() {
             continue;
         }
         let mut action: ActionContext = serde_json::from_str(&line).map_err(|e| {
-            format!(
+            anyhow!(
                 "{source}:{}: {e} (expected an action context: task, role, agent_input, output, \
                  and optionally id, tool_observation, files, ground_truth, is_last_agent, solution)",
                 i + 1
@@ -77,38 +77,37 @@ fn read_actions(args: &ScoreArgs) -> Result<Vec<ActionContext>, String> {
     Ok(actions)
 }
 
-fn score(args: &ScoreArgs) -> Result<(), String> {
+fn score(args: &ScoreArgs) -> anyhow::Result<()> {
     if args.batch == 0 {
-        return Err("--batch 0: expected at least 1".into());
+        return Err(anyhow!("--batch 0: expected at least 1"));
     }
-    let config = CoachConfig::load(&args.config).map_err(|e| e.to_string())?;
-    let coach = config.build().map_err(|e| e.to_string())?;
+    let config = CoachConfig::load(&args.config)?;
+    let coach = config.build()?;
     let actions = read_actions(args)?;
 
     let mut out: Box<dyn Write> = match &args.output {
         Some(path) => {
-            Box::new(std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?)
+            Box::new(std::fs::File::create(path).map_err(|e| anyhow!("{}: {e}", path.display()))?)
         }
         None => Box::new(std::io::stdout().lock()),
     };
-    let progress = ProgressBar::new(actions.len() as u64);
-    progress.set_style(
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} actions ({elapsed}, eta {eta})")
-            .expect("a valid template")
-            .progress_chars("=> "),
+    let progress = mappa_train::progress::bar(
+        actions.len(),
+        "{msg} [{bar:30}] {pos}/{len} actions ({elapsed}, eta {eta})",
+        true,
     );
     progress.set_message(format!("scoring with {}", coach.name()));
     let mut total = 0.0;
     for chunk in actions.chunks(args.batch) {
-        let scores = coach.score_batch(chunk).map_err(|e| e.to_string())?;
+        let scores = coach.score_batch(chunk)?;
         for (action, score) in chunk.iter().zip(&scores) {
             total += score.score;
             let line = json!({ "id": action.id, "role": action.role, "score": score });
-            writeln!(out, "{line}").map_err(|e| format!("writing scores: {e}"))?;
+            writeln!(out, "{line}").map_err(|e| anyhow!("writing scores: {e}"))?;
         }
         progress.inc(chunk.len() as u64);
     }
-    out.flush().map_err(|e| format!("writing scores: {e}"))?;
+    out.flush().map_err(|e| anyhow!("writing scores: {e}"))?;
     progress.finish_and_clear();
 
     let report = coach.report();
@@ -135,8 +134,8 @@ fn score(args: &ScoreArgs) -> Result<(), String> {
         );
     }
     if let Some(path) = &args.report {
-        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        mappa_core::fs::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string_pretty(&report)?;
+        mappa_core::fs::write_atomic(path, text.as_bytes())?;
     }
     Ok(())
 }

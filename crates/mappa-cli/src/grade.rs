@@ -4,6 +4,7 @@
 //! without extraction. `gold` (and `pred`) may be JSON strings or numbers.
 //! A summary goes to stderr.
 
+use anyhow::anyhow;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 
@@ -25,23 +26,23 @@ pub struct GradeArgs {
 }
 
 /// A field that must hold a string or a number.
-fn text_field(line: &Value, field: &str, lineno: usize, source: &str) -> Result<String, String> {
+fn text_field(line: &Value, field: &str, lineno: usize, source: &str) -> anyhow::Result<String> {
     match line.get(field) {
         Some(Value::String(s)) => Ok(s.clone()),
         Some(Value::Number(n)) => Ok(n.to_string()),
-        Some(other) => Err(format!(
+        Some(other) => Err(anyhow!(
             "{source}:{lineno}: field `{field}` is {other}, expected a string or a number"
         )),
-        None => Err(format!("{source}:{lineno}: field `{field}` is missing")),
+        None => Err(anyhow!("{source}:{lineno}: field `{field}` is missing")),
     }
 }
 
 /// Runs `mappa grade`.
-pub fn run(args: &GradeArgs) -> Result<(), String> {
+pub fn run(args: &GradeArgs) -> anyhow::Result<()> {
     let (reader, source): (Box<dyn BufRead>, String) = match &args.input {
         Some(path) if path.as_os_str() != "-" => {
             let file = std::fs::File::open(path)
-                .map_err(|e| format!("cannot open `{}`: {e}", path.display()))?;
+                .map_err(|e| anyhow!("cannot open `{}`: {e}", path.display()))?;
             (Box::new(BufReader::new(file)), path.display().to_string())
         }
         _ => (
@@ -54,12 +55,12 @@ pub fn run(args: &GradeArgs) -> Result<(), String> {
     let (mut total, mut correct, mut unextracted) = (0usize, 0usize, 0usize);
     for (i, line) in reader.lines().enumerate() {
         let lineno = i + 1;
-        let line = line.map_err(|e| format!("{source}:{lineno}: cannot read: {e}"))?;
+        let line = line.map_err(|e| anyhow!("{source}:{lineno}: cannot read: {e}"))?;
         if line.trim().is_empty() {
             continue;
         }
         let value: Value = serde_json::from_str(&line)
-            .map_err(|e| format!("{source}:{lineno}: not valid JSON: {e}"))?;
+            .map_err(|e| anyhow!("{source}:{lineno}: not valid JSON: {e}"))?;
         let gold = text_field(&value, "gold", lineno, &source)?;
         let (grade, extracted): (Grade, Option<(String, Value)>) = if args.answer {
             let pred = text_field(&value, "pred", lineno, &source)?;
@@ -84,7 +85,7 @@ pub fn run(args: &GradeArgs) -> Result<(), String> {
         };
         let row =
             json!({"gold": gold, "extracted": answer, "method": method, "correct": grade.correct});
-        writeln!(out, "{row}").map_err(|e| format!("cannot write output: {e}"))?;
+        writeln!(out, "{row}").map_err(|e| anyhow!("cannot write output: {e}"))?;
     }
     let accuracy = if total > 0 {
         correct as f64 / total as f64

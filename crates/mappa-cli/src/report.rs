@@ -3,13 +3,16 @@
 //! accuracy, per-agent reward, tool-call rate and response length over
 //! steps. `mappa inspect RUN_DIR --trajectory N`: one trajectory, readable.
 
+use anyhow::anyhow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
 use mappa_train::records::{read_jsonl, EvalLine, MetricsLine, TrainLine, TrajectoryLine};
-use plotters::prelude::*;
+use mappa_train::StepMetrics;
 use serde_json::Value;
+
+use crate::plot::{chart, Point, Series, Style};
 
 /// Arguments of `mappa report`.
 #[derive(Args, Debug)]
@@ -69,14 +72,14 @@ impl RunData {
 }
 
 /// Read a run directory.
-pub fn load_run(dir: &Path) -> Result<RunData, String> {
+pub fn load_run(dir: &Path) -> anyhow::Result<RunData> {
     let lock_path = dir.join("manifest.lock.json");
     let lock: Value = serde_json::from_str(
         &std::fs::read_to_string(&lock_path)
-            .map_err(|e| format!("{}: {e} (is it a run directory?)", lock_path.display()))?,
+            .map_err(|e| anyhow!("{}: {e} (is it a run directory?)", lock_path.display()))?,
     )
-    .map_err(|e| format!("{}: {e}", lock_path.display()))?;
-    let metrics = read_jsonl(&dir.join("metrics.jsonl")).map_err(|e| e.to_string())?;
+    .map_err(|e| anyhow!("{}: {e}", lock_path.display()))?;
+    let metrics = read_jsonl(&dir.join("metrics.jsonl"))?;
     let m = &lock["manifest"];
     let label = format!(
         "{} [{} / {}, seed {}]",
@@ -92,65 +95,9 @@ pub fn load_run(dir: &Path) -> Result<RunData, String> {
     })
 }
 
-/// Draw one SVG line chart.
-fn line_chart(
-    path: &Path,
-    title: &str,
-    y_label: &str,
-    lines: &[(String, Vec<(f64, f64)>)],
-) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    let points: Vec<&(f64, f64)> = lines.iter().flat_map(|(_, p)| p).collect();
-    if points.is_empty() {
-        return Ok(());
-    }
-    let x_max = points.iter().map(|p| p.0).fold(1.0, f64::max);
-    let (mut y_min, mut y_max) = points
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
-            (lo.min(p.1), hi.max(p.1))
-        });
-    if y_max - y_min < 1e-9 {
-        y_min -= 0.5;
-        y_max += 0.5;
-    }
-    let pad = (y_max - y_min) * 0.05;
-    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0f64..x_max, (y_min - pad)..(y_max + pad))
-        .map_err(|e| err(&e))?;
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc(y_label)
-        .draw()
-        .map_err(|e| err(&e))?;
-    for (i, (label, pts)) in lines.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-            .map_err(|e| err(&e))?
-            .label(label.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-            .map_err(|e| err(&e))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))
+/// (step, value) pairs as chart points.
+fn points(series: Vec<(f64, f64)>) -> Vec<Point> {
+    series.into_iter().map(|(x, y)| Point::at(x, y)).collect()
 }
 
 fn fmt(x: Option<f64>) -> String {
@@ -185,23 +132,23 @@ fn paper_lines(repo: &Path) -> Vec<String> {
 }
 
 /// Runs `mappa report`.
-pub fn report(args: &ReportArgs) -> Result<(), String> {
+pub fn report(args: &ReportArgs) -> anyhow::Result<()> {
     let runs: Vec<RunData> = args
         .runs
         .iter()
         .map(|d| load_run(d))
         .collect::<Result<_, _>>()?;
     let out = args.out.clone().unwrap_or_else(|| args.runs[0].clone());
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let text = write_report(&runs, &out, &crate::run::repo_root())?;
+    std::fs::create_dir_all(&out).map_err(|e| anyhow!("{}: {e}", out.display()))?;
+    let text = write_report(&runs, &out, &crate::rundir::repo_root())?;
     let path = out.join("report.md");
-    mappa_core::fs::write_atomic(&path, text.as_bytes()).map_err(|e| e.to_string())?;
+    mappa_core::fs::write_atomic(&path, text.as_bytes())?;
     println!("{}", path.display());
     Ok(())
 }
 
 /// Write the plots and return the markdown.
-pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String, String> {
+pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> anyhow::Result<String> {
     let mut md = String::from("# mappa report\n\n| run | held-out accuracy: start | final | best | last train accuracy | tool-call rate: first -> last | steps |\n|---|---|---|---|---|---|---|\n");
     for run in runs {
         let eval = run.eval_series(|m| Some(m.accuracy));
@@ -232,56 +179,7 @@ pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String,
             }
         }
     }
-    let lines = |series: &dyn Fn(&RunData) -> Vec<(f64, f64)>| -> Vec<(String, Vec<(f64, f64)>)> {
-        runs.iter()
-            .map(|r| (r.label.clone(), series(r)))
-            .filter(|(_, p)| !p.is_empty())
-            .collect()
-    };
-    line_chart(
-        &out.join("accuracy.svg"),
-        "held-out accuracy",
-        "accuracy",
-        &lines(&|r| r.eval_series(|m| Some(m.accuracy))),
-    )?;
-    line_chart(
-        &out.join("tool_call_rate.svg"),
-        "tool-call rate (actions of Python agents with code)",
-        "rate",
-        &lines(&|r| r.train_series(|m| m.tool_call_rate)),
-    )?;
-    let mut rewards = Vec::new();
-    let mut lengths = Vec::new();
-    for run in runs {
-        let agents: Vec<String> = run
-            .train_steps()
-            .next()
-            .map(|m| m.agents.iter().map(|a| a.agent.clone()).collect())
-            .unwrap_or_default();
-        for agent in agents {
-            let label = format!("{} {agent}", run.label);
-            rewards.push((
-                label.clone(),
-                run.train_series(|m| Some(m.agent(&agent)?.mean_reward)),
-            ));
-            lengths.push((
-                label,
-                run.train_series(|m| Some(m.agent(&agent)?.response_length)),
-            ));
-        }
-    }
-    line_chart(
-        &out.join("reward.svg"),
-        "mean reward per agent",
-        "reward",
-        &rewards,
-    )?;
-    line_chart(
-        &out.join("response_length.svg"),
-        "mean response length per agent",
-        "tokens",
-        &lengths,
-    )?;
+    charts(runs, out)?;
     md.push_str("\n![held-out accuracy](accuracy.svg)\n![mean reward per agent](reward.svg)\n![tool-call rate](tool_call_rate.svg)\n![response length](response_length.svg)\n");
     let by_label: BTreeMap<&str, usize> = runs
         .iter()
@@ -294,12 +192,63 @@ pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> Result<String,
     Ok(md)
 }
 
+/// The run report's plots: held-out accuracy, tool-call rate, and per agent
+/// the mean reward and response length.
+fn charts(runs: &[RunData], out: &Path) -> anyhow::Result<()> {
+    let lines = |series: &dyn Fn(&RunData) -> Vec<(f64, f64)>| -> Vec<Series> {
+        runs.iter()
+            .map(|r| (r.label.clone(), points(series(r))))
+            .filter(|(_, p)| !p.is_empty())
+            .collect()
+    };
+    let (mut rewards, mut lengths) = (Vec::new(), Vec::new());
+    for run in runs {
+        let agents: Vec<String> = run
+            .train_steps()
+            .next()
+            .map(|m| m.agents.iter().map(|a| a.agent.clone()).collect())
+            .unwrap_or_default();
+        for agent in agents {
+            let label = format!("{} {agent}", run.label);
+            let series = |f: &dyn Fn(&StepMetrics) -> f64| {
+                points(run.train_series(|m| m.agent(&agent).map(f)))
+            };
+            rewards.push((label.clone(), series(&|a| a.mean_reward)));
+            lengths.push((label, series(&|a| a.response_length)));
+        }
+    }
+    for (file, title, y, series) in [
+        (
+            "accuracy.svg",
+            "held-out accuracy",
+            "accuracy",
+            lines(&|r| r.eval_series(|m| Some(m.accuracy))),
+        ),
+        (
+            "tool_call_rate.svg",
+            "tool-call rate (actions of Python agents with code)",
+            "rate",
+            lines(&|r| r.train_series(|m| m.tool_call_rate)),
+        ),
+        ("reward.svg", "mean reward per agent", "reward", rewards),
+        (
+            "response_length.svg",
+            "mean response length per agent",
+            "tokens",
+            lengths,
+        ),
+    ] {
+        chart(&out.join(file), title, y, &series, Style::Markers)?;
+    }
+    Ok(())
+}
+
 /// Runs `mappa inspect`.
-pub fn inspect(args: &InspectArgs) -> Result<(), String> {
+pub fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
     let path = args.run.join("trajectories.jsonl");
-    let rows: Vec<TrajectoryLine> = read_jsonl(&path).map_err(|e| e.to_string())?;
+    let rows: Vec<TrajectoryLine> = read_jsonl(&path)?;
     let t = rows.get(args.trajectory).ok_or_else(|| {
-        format!(
+        anyhow!(
             "{}: {} trajectories; --trajectory {} is out of range",
             path.display(),
             rows.len(),

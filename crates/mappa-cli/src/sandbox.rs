@@ -2,6 +2,7 @@
 //! print its result (status, output, exit code, time used, files changed and
 //! the protections in force) as JSON.
 
+use anyhow::anyhow;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -37,33 +38,33 @@ pub struct RunArgs {
 }
 
 /// Runs `mappa sandbox ...`.
-pub fn run(command: &SandboxCommand) -> Result<(), String> {
+pub fn run(command: &SandboxCommand) -> anyhow::Result<()> {
     match command {
         SandboxCommand::Run(args) => run_file(args),
     }
 }
 
-fn run_file(args: &RunArgs) -> Result<(), String> {
+fn run_file(args: &RunArgs) -> anyhow::Result<()> {
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
-        return Err(format!(
+        return Err(anyhow!(
             "--timeout {}: expected a positive number of seconds",
             args.timeout
         ));
     }
     if args.memory == 0 {
-        return Err("--memory 0: expected a positive number of MiB".into());
+        return Err(anyhow!("--memory 0: expected a positive number of MiB"));
     }
     let code =
-        std::fs::read_to_string(&args.file).map_err(|e| format!("{}: {e}", args.file.display()))?;
+        std::fs::read_to_string(&args.file).map_err(|e| anyhow!("{}: {e}", args.file.display()))?;
     let python = match &args.python {
         Some(p) => p.clone(),
-        None => find_python(None).map_err(|e| e.to_string())?,
+        None => find_python(None)?,
     };
     let mut config = SandboxConfig::with_python(python);
     config.limits.wall_time = Duration::from_secs_f64(args.timeout);
     config.limits.cpu_time_s = args.timeout.ceil() as u64;
     config.limits.memory_mb = args.memory;
-    let sandbox = Sandbox::new(config).map_err(|e| e.to_string())?;
+    let sandbox = Sandbox::new(config)?;
 
     // A temporary directory must be traversable by the unprivileged uid a run
     // takes when mappa runs as root.
@@ -71,14 +72,14 @@ fn run_file(args: &RunArgs) -> Result<(), String> {
     let workdir = match &args.workdir {
         Some(dir) => dir.clone(),
         None => {
-            temp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
+            temp = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
             std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o711))
-                .map_err(|e| format!("{}: {e}", temp.path().display()))?;
+                .map_err(|e| anyhow!("{}: {e}", temp.path().display()))?;
             temp.path().join("work")
         }
     };
-    let result = sandbox.run(&workdir, &code).map_err(|e| e.to_string())?;
-    let json = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
+    let result = sandbox.run(&workdir, &code)?;
+    let json = serde_json::to_string_pretty(&result)?;
     println!("{json}");
     Ok(())
 }

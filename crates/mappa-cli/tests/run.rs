@@ -229,11 +229,40 @@ fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let report = runs.path().join("ablate-tiny-arith");
-    let text = std::fs::read_to_string(report.join("report.md")).unwrap();
+    let study = runs.path().join("tiny-arith-ablate-study");
+    let text = std::fs::read_to_string(study.join("report.md")).unwrap();
     assert!(
-        text.contains("| process | 1 |") && text.contains("| outcome | 1 |"),
+        text.contains("an ablation")
+            && text.contains("| process | ")
+            && text.contains("| outcome | ")
+            && text.contains("no claim"),
         "{text}"
+    );
+    assert!(
+        text.contains("scripted coach") && text.contains("simulated"),
+        "the report says the coach is simulated: {text}"
+    );
+    let svg = std::fs::read_to_string(study.join("accuracy.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
+    let run_dirs: Vec<std::path::PathBuf> = std::fs::read_dir(&study)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("manifest.lock.json").exists())
+        .collect();
+    assert_eq!(run_dirs.len(), 2, "{run_dirs:?}");
+    let report = runs.path().join("report");
+    let out = mappa()
+        .arg("report")
+        .args(&run_dirs)
+        .arg("--out")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     for plot in [
         "accuracy.svg",
@@ -247,14 +276,16 @@ fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
             "{plot}"
         );
     }
-    let run = runs.path().join(
-        std::fs::read_dir(runs.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .find(|n| n.to_string_lossy().starts_with("tiny-arith-process"))
-            .unwrap(),
-    );
+    let run = run_dirs
+        .iter()
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("tiny-arith-ablate-process")
+        })
+        .unwrap()
+        .clone();
     let out = mappa()
         .arg("inspect")
         .arg(&run)

@@ -50,7 +50,8 @@ impl Strength {
         }
     }
 
-    fn name(self) -> &'static str {
+    /// The preset's name (`weak`, `medium`, `strong`).
+    pub fn name(self) -> &'static str {
         match self {
             Strength::Weak => "weak",
             Strength::Medium => "medium",

@@ -606,7 +606,7 @@ mod tests {
         let device = Default::default();
         let (rows, inputs, outputs) = (FEW_ROWS + 1, 24, 10);
         let values = |n: usize, k: f32| -> Vec<f32> {
-            (0..n).map(|i| ((i as f32 * k).sin() * 1.7)).collect()
+            (0..n).map(|i| (i as f32 * k).sin() * 1.7).collect()
         };
         let (w, b, x) = (
             values(outputs * inputs, 0.37),

@@ -30,6 +30,7 @@ pub mod machine;
 pub mod manifest;
 pub mod params;
 pub mod policy;
+pub mod progress;
 pub mod records;
 pub mod run;
 pub mod schedule;

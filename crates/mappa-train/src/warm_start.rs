@@ -104,13 +104,10 @@ pub fn ensure<B: AutodiffModelBackend>(
     let _ = std::fs::remove_dir_all(&work);
     let _ = std::fs::remove_dir_all(dir.with_extension("data"));
 
-    let bar = indicatif::ProgressBar::new((roles.len() * warm.sft.epochs) as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "warm start [{bar:30}] {pos}/{len} epochs ({elapsed}, eta {eta}) {msg}",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
+    let bar = crate::progress::bar(
+        roles.len() * warm.sft.epochs,
+        "warm start [{bar:30}] {pos}/{len} epochs ({elapsed}, eta {eta}) {msg}",
+        true,
     );
     // The roles' models are independent: tune them at once, one thread each.
     let tune_role = |agent: usize, role: &String| -> Result<Value, TrainError> {

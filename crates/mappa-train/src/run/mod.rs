@@ -207,17 +207,10 @@ fn progress_bar(
     at: usize,
     shown: bool,
 ) -> indicatif::ProgressBar {
-    let bar = if shown {
-        indicatif::ProgressBar::new(stop as u64)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{prefix} [{bar:30}] step {pos}/{len} ({elapsed}, eta {eta}) {msg}",
-        )
-        .expect("a valid template")
-        .progress_chars("=> "),
+    let bar = crate::progress::bar(
+        stop,
+        "{prefix} [{bar:30}] step {pos}/{len} ({elapsed}, eta {eta}) {msg}",
+        shown,
     );
     bar.set_prefix(manifest.name.clone());
     bar.set_position(at as u64);

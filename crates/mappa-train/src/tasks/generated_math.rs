@@ -143,6 +143,13 @@ impl TaskFamily for GeneratedMath {
         "Accuracy is the rate of right final answers."
     }
 
+    fn describe(&self) -> String {
+        format!(
+            "generated AIME-format problems (simulated; {} for training, {} held out)",
+            self.train, self.eval
+        )
+    }
+
     /// The `arith` teacher: a pool of generated problems of its own (none
     /// held out), one demonstration per problem.
     fn teacher(

@@ -111,6 +111,13 @@ impl TaskFamily for GeneratedTabular {
         METRIC
     }
 
+    fn describe(&self) -> String {
+        format!(
+            "generated data-analysis tasks (simulated; {} for training, {} held out)",
+            self.train, self.eval
+        )
+    }
+
     /// The `tabular` teacher: generated tasks of its own (from a seed of
     /// their own, so none is a held-out task), written under `data_dir`.
     fn teacher(

@@ -109,4 +109,12 @@ impl TaskFamily for MathFile {
     fn metric(&self) -> &'static str {
         "Accuracy is the rate of right final answers."
     }
+
+    fn describe(&self) -> String {
+        format!(
+            "AIME/AMC problems from {} ({} held-out files)",
+            self.path.display(),
+            self.eval.len()
+        )
+    }
 }

@@ -64,6 +64,10 @@ pub trait TaskFamily: fmt::Debug + Send + Sync {
     /// What "accuracy" means for these tasks, as a sentence for reports.
     fn metric(&self) -> &'static str;
 
+    /// Where the tasks come from, as a phrase for reports; says
+    /// "generated" (simulated) when they are.
+    fn describe(&self) -> String;
+
     /// The scripted teacher `warm.teacher` names, for agents `roles`: its own
     /// pool of tasks (none of `held_out`) and one policy per role.
     fn teacher(
@@ -271,7 +275,35 @@ impl PartialEq for DataSpec {
 
 impl Serialize for DataSpec {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.to_value().serialize(serializer)
+        NullAsNone(&self.to_value()).serialize(serializer)
+    }
+}
+
+/// A JSON value whose nulls serialize as `None`: `null` in JSON, as before,
+/// and a left-out key in TOML (which has no null).
+struct NullAsNone<'a>(&'a Value);
+
+impl Serialize for NullAsNone<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Null => serializer.serialize_none(),
+            Value::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(&NullAsNone(item))?;
+                }
+                seq.end()
+            }
+            Value::Object(entries) => {
+                let mut map = serializer.serialize_map(Some(entries.len()))?;
+                for (key, value) in entries {
+                    map.serialize_entry(key, &NullAsNone(value))?;
+                }
+                map.end()
+            }
+            other => other.serialize(serializer),
+        }
     }
 }
 
@@ -308,6 +340,14 @@ mod tests {
         assert_eq!(value["kind"], "generated_math");
         assert_eq!(value["instruction"], true, "{value}");
         assert_eq!(DataSpec::from_value(value).unwrap(), spec);
+
+        // TOML has no null: an absent option is left out, and reads back the same.
+        let text = toml::to_string(&spec).unwrap();
+        assert!(!text.contains("tiers"), "{text}");
+        assert_eq!(toml::from_str::<DataSpec>(&text).unwrap(), spec);
+        assert!(serde_json::to_string(&spec)
+            .unwrap()
+            .contains("\"tiers\":null"));
 
         let e = toml::from_str::<DataSpec>("kind = \"poetry\"")
             .unwrap_err()

@@ -80,6 +80,13 @@ impl TaskFamily for Tabular {
     fn metric(&self) -> &'static str {
         METRIC
     }
+
+    fn describe(&self) -> String {
+        format!(
+            "DSBench data-analysis tasks from {}",
+            self.train.path.display()
+        )
+    }
 }
 
 /// What success means for tasks graded on a submission.

@@ -1,0 +1,269 @@
+//! `mappa reproduce NAME`: run `experiments/NAME.toml` after checking that
+//! everything it needs is present (`--dry-run`: the plan and what is
+//! missing); a manifest with a `[study]` runs its arms and seeds
+//! ([`crate::study`]).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail};
+use clap::Args;
+use mappa_train::manifest::Manifest;
+use mappa_train::run::{load_tasks, RunOptions};
+
+use crate::ablate::default_jobs;
+use crate::rundir::{backend_available, execute, feature_name, prepare, repo_root};
+use crate::study::Profile;
+
+/// Arguments of `mappa reproduce`.
+#[derive(Args, Debug)]
+pub struct ReproduceArgs {
+    /// The experiment: `experiments/NAME.toml`.
+    name: String,
+    /// Validate everything and print the plan, without running.
+    #[arg(long)]
+    dry_run: bool,
+    /// The manifest's `[study.quick]` profile: a smoke test of the study (for CI), not a result.
+    #[arg(long, conflicts_with = "validation")]
+    quick: bool,
+    /// The manifest's `[study.validation]` profile: the study on other generated problems, to choose values on without looking at the held-out set.
+    #[arg(long)]
+    validation: bool,
+    /// Runs of a study at once (default: the number of CPUs).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Where new run directories go.
+    #[arg(long, default_value = "runs")]
+    runs_dir: PathBuf,
+}
+
+/// What a run would do, in numbers.
+fn plan(manifest: &Manifest) -> anyhow::Result<Vec<(String, String)>> {
+    let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
+    // Generated tasks are written somewhere disposable for the count.
+    let scratch = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
+    let tasks = load_tasks(manifest, scratch.path())?;
+    let (train, eval) = (tasks.train, tasks.eval);
+    let r = &manifest.rollout;
+    let trajectories = r.steps * r.prompts_per_step * r.samples_per_prompt;
+    let max_actions: usize = workflow.agents.iter().map(|a| a.max_actions).sum();
+    // Before step 0, at every `every`-th step, and after the last.
+    let evaluations = match manifest.eval.every {
+        0 => 2,
+        every => r.steps.div_ceil(every) + 1,
+    };
+    let eval_trajectories = evaluations * eval.len() * manifest.eval.samples;
+    let coach_calls = trajectories * max_actions;
+    let mut rows = vec![
+        (
+            "workflow".into(),
+            format!(
+                "{} ({} agents: {})",
+                workflow.name,
+                workflow.agents.len(),
+                workflow
+                    .agents
+                    .iter()
+                    .map(|a| a.role.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            ),
+        ),
+        (
+            "training tasks".into(),
+            format!("{} ({} held out)", train.len(), eval.len()),
+        ),
+        (
+            "steps".into(),
+            format!(
+                "{} ({} prompts x {} samples each)",
+                r.steps, r.prompts_per_step, r.samples_per_prompt
+            ),
+        ),
+        ("training trajectories".into(), trajectories.to_string()),
+        (
+            "actions".into(),
+            format!(
+                "at most {} ({} per trajectory)",
+                trajectories * max_actions,
+                max_actions
+            ),
+        ),
+        (
+            "generated tokens".into(),
+            format!(
+                "at most {} ({} per action)",
+                (trajectories + eval_trajectories) * max_actions * r.max_new_tokens,
+                r.max_new_tokens
+            ),
+        ),
+        (
+            "evaluations".into(),
+            format!(
+                "{evaluations} x {} tasks x {} samples = {eval_trajectories} trajectories",
+                eval.len(),
+                manifest.eval.samples
+            ),
+        ),
+        (
+            "coach calls".into(),
+            format!("at most {coach_calls} (plus one re-prompt per malformed reply)"),
+        ),
+    ];
+    if let Some(openai) = &manifest.coach.openai {
+        // A coach prompt carries the task, the agent's input and output: about 3 actions' worth of tokens.
+        let prompt_tokens = (coach_calls * (r.max_new_tokens * 2 + 1000)) as f64;
+        let completion_tokens = (coach_calls * 300) as f64;
+        let cost = (prompt_tokens * openai.usd_per_million_prompt_tokens
+            + completion_tokens * openai.usd_per_million_completion_tokens)
+            / 1e6;
+        rows.push(("estimated coach cost".into(), format!("up to {cost:.0} USD ({} at the configured prices; the paper reports 50-150 USD per run)", openai.model)));
+    }
+    Ok(rows)
+}
+
+/// Everything the run needs that is not here: (what, how to supply it).
+fn missing(manifest: &Manifest) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if !backend_available(manifest.backend) {
+        out.push((
+            format!("the {} backend (this binary was built without it)", feature_name(manifest.backend)),
+            format!(
+                "build with `cargo build --release -p mappa-cli --features {}` on a machine with the GPU",
+                feature_name(manifest.backend)
+            ),
+        ));
+    }
+    let mut roles_by_path: std::collections::BTreeMap<&Path, Vec<&str>> =
+        std::collections::BTreeMap::new();
+    for (role, model) in &manifest.models {
+        if !model.path.exists() {
+            roles_by_path.entry(&model.path).or_default().push(role);
+        }
+    }
+    for (path, roles) in roles_by_path {
+        out.push((
+            format!("model weights for {} at {}", roles.join(", "), path.display()),
+            "download them there (see the comment in the manifest), or point [models] at a local HF checkpoint".into(),
+        ));
+    }
+    out.extend(manifest.data.family().missing());
+    if let Some(var) = manifest
+        .coach
+        .openai
+        .as_ref()
+        .and_then(|o| o.api_key_env.as_ref())
+    {
+        if std::env::var(var).map_or(true, |v| v.is_empty()) {
+            out.push((
+                format!("the coach's API key (${var})"),
+                format!(
+                    "export {var}=... (the key is read from the environment and never written)"
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// Print the plan of a dry run and what is missing.
+fn print_plan(
+    manifest: &Manifest,
+    path: &Path,
+    planned: &Manifest,
+    profile: Profile,
+    missing: &[(String, String)],
+) -> anyhow::Result<()> {
+    println!("plan for {} ({}):", manifest.name, path.display());
+    for (what, value) in plan(planned)? {
+        println!("  {what:<22} {value}");
+    }
+    if let Some(study) = &manifest.study {
+        let arms = crate::study::plan::arms(manifest, study, profile)?;
+        let labels: Vec<&str> = arms.iter().map(|(a, _)| a.label.as_str()).collect();
+        println!(
+            "  {:<22} {} arms x {} seeds: {}",
+            "study",
+            arms.len(),
+            profile.seeds(study)?,
+            labels.join("; ")
+        );
+    }
+    if missing.is_empty() {
+        println!("everything the run needs is present.");
+    } else {
+        println!("missing before it can run:");
+        for (what, how) in missing {
+            println!("  - {what}: {how}");
+        }
+    }
+    Ok(())
+}
+
+/// The error when something the run needs is missing.
+fn missing_error(manifest: &Manifest, missing: &[(String, String)]) -> anyhow::Error {
+    let mut message = format!(
+        "{} cannot start; nothing was run. Missing:\n",
+        manifest.name
+    );
+    for (what, how) in missing {
+        message.push_str(&format!("  - {what}: {how}\n"));
+    }
+    message.push_str(
+        "On a machine without these, run the CPU-scale experiment instead: `just reproduce arith`.",
+    );
+    anyhow!(message)
+}
+
+/// Runs `mappa reproduce`.
+pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
+    let path = repo_root()
+        .join("experiments")
+        .join(format!("{}.toml", args.name));
+    if !path.exists() {
+        bail!(
+            "{}: no such experiment (see experiments/*.toml)",
+            path.display()
+        );
+    }
+    let manifest = Manifest::load(&path)?;
+    let profile = match (args.quick, args.validation) {
+        (true, _) => Profile::Quick,
+        (_, true) => Profile::Validation,
+        _ => Profile::Full,
+    };
+    // The manifest the profile runs (checked here, before anything starts).
+    let planned = match (&manifest.study, profile.key()) {
+        (Some(study), _) => crate::study::plan::profile_manifest(&manifest, study, profile)
+            .map_err(|e| anyhow!("{}: {e}", path.display()))?,
+        (None, None) => manifest.clone(),
+        (None, Some(key)) => bail!(
+            "{}: --{key} is for manifests with a [study]",
+            path.display()
+        ),
+    };
+    let missing = missing(&manifest);
+    if args.dry_run {
+        return print_plan(&manifest, &path, &planned, profile, &missing);
+    }
+    if !missing.is_empty() {
+        return Err(missing_error(&manifest, &missing));
+    }
+    if manifest.study.is_some() {
+        let dir = crate::study::run_study(
+            &manifest,
+            &crate::study::StudyOptions {
+                profile,
+                jobs: args.jobs.unwrap_or_else(default_jobs),
+                runs_dir: args.runs_dir.clone(),
+            },
+        )?;
+        println!("{}", dir.join("report.md").display());
+        return Ok(());
+    }
+    let run_dir = prepare(&manifest, None, &args.runs_dir)?;
+    let options = RunOptions {
+        progress: true,
+        ..Default::default()
+    };
+    execute(&manifest, &run_dir, &options)
+}

@@ -1,0 +1,154 @@
+//! Run directories: a manifest resolved into `manifest.lock.json` (whose
+//! sha256 is the run id), and a run trained there on the backend the
+//! manifest names.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail};
+use burn::backend::Autodiff;
+use mappa_train::manifest::{lock, run_id, BackendKind, Manifest};
+use mappa_train::run::{run, RunEnd, RunOptions};
+use serde_json::Value;
+
+/// The repository root: the nearest ancestor of the current directory with
+/// `experiments/` (where `mappa reproduce NAME` finds `experiments/NAME.toml`).
+pub fn repo_root() -> PathBuf {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    cwd.ancestors()
+        .find(|d| d.join("experiments").is_dir())
+        .map(Path::to_path_buf)
+        .unwrap_or(cwd)
+}
+
+/// Which backends this binary was built with.
+pub fn backend_available(kind: BackendKind) -> bool {
+    match kind {
+        BackendKind::Cpu => true,
+        BackendKind::Wgpu => cfg!(feature = "wgpu"),
+        BackendKind::Cuda => cfg!(feature = "cuda"),
+    }
+}
+
+/// The cargo feature (and manifest name) of a backend.
+pub fn feature_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Cpu => "cpu",
+        BackendKind::Wgpu => "wgpu",
+        BackendKind::Cuda => "cuda",
+    }
+}
+
+/// The manifest's lock (resolved hashes, code version, machine) and run id.
+/// The code version is that of the repository holding the manifest's
+/// workflow, wherever mappa is run from.
+pub fn lock_and_id(manifest: &Manifest) -> anyhow::Result<(Value, String)> {
+    let resolved = manifest.resolve()?;
+    let source = manifest.workflow.parent().unwrap_or(Path::new("."));
+    let lock = lock(manifest, resolved, source);
+    let id = run_id(&lock);
+    Ok((lock, id))
+}
+
+/// Resolve, lock, and choose the run directory: `runs_dir/<name>-<id>`, or
+/// `resume` (whose lock must match).
+pub fn prepare(
+    manifest: &Manifest,
+    resume: Option<&Path>,
+    runs_dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    let (lock, id) = lock_and_id(manifest)?;
+    if let Some(dir) = resume {
+        let old: Value = std::fs::read_to_string(dir.join("manifest.lock.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .ok_or_else(|| {
+                anyhow!(
+                    "{}: no readable manifest.lock.json: is it a run directory?",
+                    dir.display()
+                )
+            })?;
+        if old["manifest"] != lock["manifest"] || old["resolved"] != lock["resolved"] {
+            bail!(
+                "{}: the manifest or its files changed since the run started; start a new run instead",
+                dir.display()
+            );
+        }
+        if let Some(warning) =
+            mappa_train::machine::warning("this run was started", &old["machine"], &lock["machine"])
+        {
+            eprintln!("{warning}");
+        }
+        return Ok(dir.to_path_buf());
+    }
+    let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
+    write_lock(&dir, &lock)?;
+    Ok(dir)
+}
+
+/// Resolve and lock into `dir`, a new run directory chosen by the caller.
+pub fn prepare_in(manifest: &Manifest, dir: &Path) -> anyhow::Result<PathBuf> {
+    if dir.join("manifest.lock.json").exists() {
+        bail!(
+            "{}: already a run directory; continue it with --resume",
+            dir.display()
+        );
+    }
+    let (lock, _) = lock_and_id(manifest)?;
+    write_lock(dir, &lock)?;
+    Ok(dir.to_path_buf())
+}
+
+fn write_lock(dir: &Path, lock: &Value) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+    let text = serde_json::to_string_pretty(lock)?;
+    mappa_core::fs::write_atomic(&dir.join("manifest.lock.json"), text.as_bytes())?;
+    Ok(())
+}
+
+/// Train the manifest in `run_dir` on its backend and say how it ended.
+pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> anyhow::Result<()> {
+    if !backend_available(manifest.backend) {
+        bail!(
+            "backend {0}: this binary was built without it; build with `cargo build --release -p mappa-cli --features {0}`",
+            feature_name(manifest.backend)
+        );
+    }
+    eprintln!("run directory: {}", run_dir.display());
+    let end: RunEnd = match manifest.backend {
+        BackendKind::Cpu => run::<Autodiff<mappa_model::backend::Cpu>>(
+            manifest,
+            run_dir,
+            options,
+            &Default::default(),
+        ),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => run::<Autodiff<mappa_model::backend::Wgpu>>(
+            manifest,
+            run_dir,
+            options,
+            &Default::default(),
+        ),
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => run::<Autodiff<mappa_model::backend::Cuda>>(
+            manifest,
+            run_dir,
+            options,
+            &Default::default(),
+        ),
+        #[allow(unreachable_patterns)]
+        other => bail!(
+            "backend {} is not built into this binary",
+            feature_name(other)
+        ),
+    }?;
+    match end.final_eval {
+        Some(eval) => eprintln!("final held-out accuracy: {:.3}", eval.accuracy),
+        None if end.step < manifest.rollout.steps => eprintln!(
+            "stopped after step {}; continue with --resume {}",
+            end.step,
+            run_dir.display()
+        ),
+        None => eprintln!("finished {} steps (no held-out tasks)", end.step),
+    }
+    Ok(())
+}

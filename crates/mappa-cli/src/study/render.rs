@@ -1,0 +1,375 @@
+//! A study's report: `report.md` (the verdict for a study that makes a
+//! claim, final and over-training held-out accuracy per arm, per-agent
+//! curves, the coach-quality comparison, and a setup section generated from
+//! the manifest: tasks, workflow and tool, models, coach and whether it is
+//! simulated), `summary.json` with the same numbers for machines, and SVG
+//! plots.
+//!
+//! The verdict is computed, never written by hand: the method beats the
+//! baseline when its mean final accuracy exceeds the baseline's by more
+//! than twice the larger of the two arms' seed-to-seed standard deviations.
+
+use std::collections::BTreeMap;
+
+use anyhow::anyhow;
+use mappa_agents::{Tool, Workflow};
+use mappa_judge::config::CoachConfig;
+use mappa_train::manifest::Manifest;
+
+use super::summarise::{smooth, summarise, ArmSummary, Verdict};
+use super::{Profile, StudyData};
+use crate::plot::{chart, Point, Series, Style};
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+/// Write report.md, summary.json and the plots.
+pub fn write(data: &StudyData) -> anyhow::Result<()> {
+    let (arms, verdict) = summarise(data);
+    let agents: Vec<String> = arms
+        .first()
+        .map(|a| a.reward.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut md = header(data, verdict.as_ref());
+    md.push_str(&verdict_section(data, &arms, verdict.as_ref()));
+    md.push_str(&finals_section(data, &arms, verdict.as_ref()));
+    md.push_str(&curves_section(&arms));
+    md.push_str(&agents_section(&arms, &agents));
+    md.push_str(&coach_section(data, &arms));
+    md.push_str(&setup_section(data)?);
+    plots(data, &arms, &agents)?;
+    let r = &data.base.rollout;
+    let summary = serde_json::json!({
+        "name": data.name,
+        "profile": data.profile.key().unwrap_or("full"),
+        "machine": mappa_train::machine::record(),
+        "seeds": data.seeds,
+        "steps": r.steps,
+        "trajectories_per_step": r.prompts_per_step * r.samples_per_prompt,
+        "arms": arms,
+        "verdict": verdict,
+    });
+    let text = serde_json::to_string_pretty(&summary)?;
+    mappa_core::fs::write_atomic(&data.out.join("summary.json"), text.as_bytes())?;
+    mappa_core::fs::write_atomic(&data.out.join("report.md"), md.as_bytes())?;
+    Ok(())
+}
+
+/// The title, the profile's warning, and what was compared on what.
+fn header(data: &StudyData, verdict: Option<&Verdict>) -> String {
+    let base = data.base;
+    let r = &base.rollout;
+    let mut md = match verdict {
+        Some(v) => format!(
+            "# {}: {} credit against {} credit\n\n",
+            data.name, v.method, v.baseline
+        ),
+        None => format!("# {}: an ablation of credit assignment\n\n", data.name),
+    };
+    match data.profile {
+        Profile::Full => {}
+        Profile::Quick => md.push_str(&format!("> **Quick profile** (`--quick`): a smoke test of the study for CI, with too few steps and seeds to support any claim. Run `just reproduce {}` for the result.\n\n", data.base_name)),
+        Profile::Validation => md.push_str(&format!("> **Validation profile** (`--validation`): the study on other generated problems (`[study.validation]` changes the data), where values may be chosen; its \"held-out\" tasks are a validation set. The result is `just reproduce {}`, on the held-out set.\n\n", data.base_name)),
+    }
+    let family = base.data.family();
+    md.push_str(&format!(
+        "{}\n\nTasks: {}. Coach: {}. Arms: {}; {} seeds each; {} training steps of {} trajectories; held-out accuracy on {} tasks disjoint from training, sampled at temperature {}. {}\n\n",
+        base.description,
+        family.describe(),
+        describe_coach(&base.coach),
+        data.arms.len(),
+        data.seeds,
+        r.steps,
+        r.prompts_per_step * r.samples_per_prompt,
+        family.held_out().map_or("the held-out".to_string(), |n| n.to_string()),
+        base.eval.temperature,
+        family.metric(),
+    ));
+    md
+}
+
+/// The verdict (a claim), or why there is none (an ablation).
+fn verdict_section(data: &StudyData, arms: &[ArmSummary], verdict: Option<&Verdict>) -> String {
+    let mut md = String::from("## Verdict\n\n");
+    let Some(verdict) = verdict else {
+        md.push_str("None: an ablation registers no claim before its runs, so its numbers are exploratory. Put a claim (`method`, `baseline`) in the manifest's `[study]` to test one.\n\n");
+        return md;
+    };
+    let label = |l: &str| arms.iter().find(|a| a.label == l).expect("a claim's arm");
+    let (m, b) = (label(&verdict.method), label(&verdict.baseline));
+    let numbers = format!(
+        "`{}` ends at {} ± {} held-out accuracy, `{}` at {} ± {} (mean ± standard deviation over {} seeds). The difference is {:+.1} points; twice the larger seed-to-seed standard deviation is {:.1} points.",
+        m.label, pct(m.mean), pct(m.std), b.label, pct(b.mean), pct(b.std), data.seeds,
+        100.0 * verdict.difference, 100.0 * verdict.threshold
+    );
+    md.push_str(&match verdict.holds {
+        Some(true) => format!("**The claim holds here:** {numbers}\n\n"),
+        Some(false) => format!("**The claim does not hold here:** {numbers} The difference is within seed-to-seed noise (or negative), so this study does not show `{}` beating `{}`.\n\n", m.label, b.label),
+        None => format!("**Not judged** (one seed gives no spread): {numbers}\n\n"),
+    });
+    md
+}
+
+/// Final held-out accuracy per arm, and the rollouts to the reference arm's final.
+fn finals_section(data: &StudyData, arms: &[ArmSummary], verdict: Option<&Verdict>) -> String {
+    let reference = verdict.map_or(arms[0].label.as_str(), |v| v.baseline.as_str());
+    let target = arms
+        .iter()
+        .find(|a| a.label == reference)
+        .map_or(0.0, |a| a.mean);
+    let mut md = format!("## Final held-out accuracy\n\n| arm | start | final (mean ± std) | per seed | rollouts to reach `{reference}`'s final |\n|---|---|---|---|---|\n");
+    for arm in arms {
+        let coach_arm = if arm.group == "coach" {
+            " *(coach arm)*"
+        } else {
+            ""
+        };
+        let each: Vec<String> = arm.finals.iter().map(|v| pct(*v)).collect();
+        md.push_str(&format!(
+            "| {}{coach_arm} | {} | {} ± {} | {} | {} |\n",
+            arm.label,
+            pct(arm.start),
+            pct(arm.mean),
+            pct(arm.std),
+            each.join(", "),
+            arm.rollouts_to_baseline_final
+                .map_or("not reached".to_string(), |n| n.to_string()),
+        ));
+    }
+    let r = &data.base.rollout;
+    md.push_str(&format!(
+        "\nRollouts are training trajectories ({} per step) until the arm's mean curve first reached `{reference}`'s final mean accuracy ({}); evaluations happen every {} steps, so this is resolved to that grain.\n\n",
+        r.prompts_per_step * r.samples_per_prompt,
+        pct(target),
+        data.base.eval.every.max(1)
+    ));
+    md
+}
+
+/// Held-out accuracy per arm at every evaluated step.
+fn curves_section(arms: &[ArmSummary]) -> String {
+    let mut md = String::from(
+        "## Held-out accuracy over training\n\n![held-out accuracy by credit arm](accuracy.svg)\n\n",
+    );
+    let steps: Vec<f64> = arms[0].curve.iter().map(|p| p.step).collect();
+    let header: Vec<String> = steps.iter().map(|s| format!("step {s}")).collect();
+    md.push_str(&format!(
+        "| arm | {} |\n|---|{}\n",
+        header.join(" | "),
+        "---|".repeat(steps.len())
+    ));
+    for arm in arms {
+        let cells: Vec<String> = steps
+            .iter()
+            .map(|s| {
+                arm.curve
+                    .iter()
+                    .find(|p| p.step == *s)
+                    .map_or("-".into(), |p| format!("{} ± {}", pct(p.mean), pct(p.std)))
+            })
+            .collect();
+        md.push_str(&format!("| {} | {} |\n", arm.label, cells.join(" | ")));
+    }
+    md
+}
+
+/// Per-agent reward and coach-score plots, and the coach score early and late.
+fn agents_section(arms: &[ArmSummary], agents: &[String]) -> String {
+    let mut md = String::from("\n## Per-agent curves\n\nTraining reward is what each arm optimises (coach score / 10 under process credit, the outcome under outcome credit), so its scale differs between arms; the coach score is the same judge in every credit arm, so it compares how good each agent's actions are. Both are means over seeds, smoothed over 5 steps.\n\n");
+    for agent in agents {
+        md.push_str(&format!(
+            "![{agent}: training reward](reward-{agent}.svg)\n![{agent}: coach score](coach-score-{agent}.svg)\n\n"
+        ));
+    }
+    md.push_str(
+        "| credit arm | agent | coach score: first 5 steps | last 5 steps |\n|---|---|---|---|\n",
+    );
+    let window =
+        |part: &[Point]| part.iter().map(|p| p.mean).sum::<f64>() / part.len().max(1) as f64;
+    for arm in arms.iter().filter(|a| a.group == "credit") {
+        for agent in agents {
+            let curve = arm.coach_score.get(agent).cloned().unwrap_or_default();
+            let k = curve.len().min(5);
+            md.push_str(&format!(
+                "| {} | {agent} | {:.2} | {:.2} |\n",
+                arm.label,
+                window(&curve[..k]),
+                window(&curve[curve.len() - k..])
+            ));
+        }
+    }
+    md
+}
+
+/// The coach arms, if any.
+fn coach_section(data: &StudyData, arms: &[ArmSummary]) -> String {
+    let (Some(study), true) = (data.study, arms.iter().any(|a| a.group == "coach")) else {
+        return String::new();
+    };
+    let bias: Vec<String> = study
+        .coach_bias
+        .iter()
+        .map(|(k, v)| format!("{v:+} on {k} problems"))
+        .collect();
+    format!(
+        "\n## Coach quality\n\nThe `{}` arm again under the scripted coach's presets (weak: noise std 2.5, discrimination 0.4; medium: 1.2, 0.75; strong: 0.4, 1.0) and a biased coach (strong, plus {}).\n\n![held-out accuracy by coach](coach.svg)\n",
+        study.method,
+        bias.join(", ")
+    )
+}
+
+/// The coach, and whether it is simulated.
+fn describe_coach(coach: &CoachConfig) -> String {
+    if let Some(s) = &coach.scripted {
+        return format!("a **scripted coach** ({} preset): simulated, a rule-based judge that reads each generated task's known solution, not an LLM", s.strength.name());
+    }
+    if let Some(o) = &coach.openai {
+        return format!("an LLM coach, `{}` at {}", o.model, o.base_url);
+    }
+    if let Some(l) = &coach.local {
+        return format!("a local model as LLM coach ({})", l.checkpoint.display());
+    }
+    "none configured".into()
+}
+
+/// Each role's model: its size and where its weights come from.
+fn describe_models(manifest: &Manifest) -> String {
+    let mut by_description: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for (role, spec) in &manifest.models {
+        let size = mappa_model::TransformerConfig::from_hf_file(&spec.path.join("config.json"))
+            .map(|c| format!("{:.2}M parameters", c.num_params() as f64 / 1e6))
+            .unwrap_or_else(|_| "size unknown".into());
+        let source = match spec.init_seed {
+            Some(seed) => format!("random weights from seed {seed}"),
+            None => format!("weights from {}", spec.path.display()),
+        };
+        by_description
+            .entry(format!("{size}, {source}"))
+            .or_default()
+            .push(role);
+    }
+    let parts: Vec<String> = by_description
+        .iter()
+        .map(|(d, roles)| format!("{} ({d})", roles.join(", ")))
+        .collect();
+    parts.join("; ")
+}
+
+/// What the workflow's tool does.
+fn describe_tool(workflow: &Workflow) -> String {
+    let parts: Vec<String> = workflow
+        .agents
+        .iter()
+        .filter(|a| a.tool == Tool::Python)
+        .map(|a| match a.program {
+            Some(_) => format!("a fixed program carries out the {}'s choice", a.role),
+            None => format!("the {} writes Python", a.role),
+        })
+        .collect();
+    match parts.is_empty() {
+        true => "none".into(),
+        false => format!(
+            "{}; it runs in the real Python sandbox (one sandboxed process per action)",
+            parts.join(", ")
+        ),
+    }
+}
+
+/// How the study was set up and where it ran.
+fn setup_section(data: &StudyData) -> anyhow::Result<String> {
+    let base = data.base;
+    let r = &base.rollout;
+    let workflow =
+        Workflow::load(&base.workflow).map_err(|e| anyhow!("{}: {e}", base.workflow.display()))?;
+    let warm = base.warm_start.as_ref().map_or("none".to_string(), |w| {
+        let slips = serde_json::to_value(w.slips)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default();
+        let rates: Vec<String> = w.error_rates.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        format!(
+            "{} demonstrations per role from the scripted `{}` teacher ({slips} slips at rates {}), {} epochs of supervised training",
+            w.demonstrations, w.teacher, rates.join(", "), w.sft.epochs
+        )
+    });
+    let machine = mappa_train::machine::record();
+    let simd: Vec<&str> = machine["simd"]
+        .as_array()
+        .map(|f| f.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    Ok(format!(
+        "\n## Setup\n\n- Workflow: `{}` ({}); tool: {}.\n- Models: {}.\n- Coach: {}.\n- Warm start: {warm}.\n- RL: learning rate {}, {} steps, {} prompts x {} samples per step, temperature {}.\n- Manifests of every run: `manifests/`; logs: `logs/`; numbers for machines: `summary.json`.\n- Wall time: {:.1} min with {} runs at once (runs reused from an earlier call count as zero).\n- Machine: {}, {} ({}), {} threads, {} build. Results are bit-identical on every x86-64 CPU with AVX2 and FMA (README, \"Reproducibility\").\n",
+        workflow.name,
+        workflow.agents.iter().map(|a| a.role.as_str()).collect::<Vec<_>>().join(" -> "),
+        describe_tool(&workflow),
+        describe_models(base),
+        describe_coach(&base.coach),
+        base.train.lr, r.steps, r.prompts_per_step, r.samples_per_prompt, r.temperature,
+        data.elapsed.as_secs_f64() / 60.0,
+        data.jobs,
+        machine["cpu_model"].as_str().unwrap_or("unknown CPU"),
+        machine["arch"].as_str().unwrap_or(""),
+        simd.join(", "),
+        machine["threads"],
+        machine["build_profile"].as_str().unwrap_or(""),
+    ))
+}
+
+/// Accuracy by credit arm and by coach, and per agent reward and coach score.
+fn plots(data: &StudyData, arms: &[ArmSummary], agents: &[String]) -> anyhow::Result<()> {
+    let method = data.question.arms(data.arms).map(|(m, _)| m);
+    let bands = |group: &str| -> Vec<Series> {
+        arms.iter()
+            .enumerate()
+            .filter(|(i, a)| a.group == group || (group == "coach" && Some(*i) == method))
+            .map(|(_, a)| (a.label.clone(), a.curve.clone()))
+            .collect()
+    };
+    let title = "held-out accuracy (mean ± std over seeds)";
+    chart(
+        &data.out.join("accuracy.svg"),
+        title,
+        "accuracy",
+        &bands("credit"),
+        Style::Bands,
+    )?;
+    if arms.iter().any(|a| a.group == "coach") {
+        let title = "held-out accuracy by coach (mean ± std over seeds)";
+        chart(
+            &data.out.join("coach.svg"),
+            title,
+            "accuracy",
+            &bands("coach"),
+            Style::Bands,
+        )?;
+    }
+    for agent in agents {
+        for (file, title, reward) in [
+            ("reward", "training reward", true),
+            ("coach-score", "coach score (0-10)", false),
+        ] {
+            let lines: Vec<Series> = arms
+                .iter()
+                .filter(|a| a.group == "credit")
+                .map(|a| {
+                    let curve = if reward { &a.reward } else { &a.coach_score };
+                    let points = smooth(curve.get(agent).map_or(&[][..], |c| c), 5)
+                        .into_iter()
+                        .map(|(step, mean)| Point::at(step, mean))
+                        .collect();
+                    (a.label.clone(), points)
+                })
+                .collect();
+            let path = data.out.join(format!("{file}-{agent}.svg"));
+            chart(
+                &path,
+                &format!("{agent}: {title}"),
+                title,
+                &lines,
+                Style::Bands,
+            )?;
+        }
+    }
+    Ok(())
+}
