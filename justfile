@@ -18,7 +18,7 @@ test: setup-python
 check-determinism:
     cargo test --locked -p mappa-tests --test determinism -- --nocapture
 
-# Formatting and lints.
+# Formatting and lints (CI runs this before the tests): rustfmt, and clippy with warnings (missing docs, unreachable `pub` included) as errors.
 lint:
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets --locked -- -D warnings

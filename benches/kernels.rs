@@ -3,6 +3,9 @@
 //! 25m config's training step (batch 8 x 128 tokens, hidden 512, MLP 1536,
 //! 8 heads, vocab 8192). `just bench-kernels` runs it.
 
+// `criterion_group!` defines a public function without docs.
+#![allow(missing_docs)]
+
 use burn::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion};
 use mappa_model::backend::Cpu;

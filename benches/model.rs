@@ -2,6 +2,9 @@
 //! generation, for the ~1M and ~26M parameter configs, on the default CPU
 //! backend (`flex`). Throughput is reported in tokens.
 
+// `criterion_group!` defines a public function without docs.
+#![allow(missing_docs)]
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mappa_benches::*;
 use mappa_model::backend::{Cpu, CpuAutodiff};

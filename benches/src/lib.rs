@@ -7,6 +7,8 @@
 //! next-token cross-entropy, backward, Adam), and greedy KV-cache generation.
 //! Shapes and hyper-parameters match `torch_bench.py` exactly.
 
+#![warn(missing_docs)]
+
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};

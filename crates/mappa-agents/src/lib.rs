@@ -10,6 +10,8 @@
 //!   and turn, the Python tool in the sandbox, file hand-offs.
 //! - [`trajectory`]: what a rollout records, and the coach's view of it.
 
+#![warn(missing_docs)]
+
 pub mod policy;
 pub mod remote;
 pub mod rollout;

@@ -163,10 +163,6 @@ mod tests {
                 "{svg}"
             );
         }
-        assert_eq!(
-            y_range(&series, Style::Bands).0 < 0.0,
-            true,
-            "bands include 0"
-        );
+        assert!(y_range(&series, Style::Bands).0 < 0.0, "bands include 0");
     }
 }

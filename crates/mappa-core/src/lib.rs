@@ -7,6 +7,8 @@
 //!   write never destroys what was already on disk.
 //! - [`error`]: the error type of this crate.
 
+#![warn(missing_docs)]
+
 pub mod error;
 pub mod fs;
 pub mod hash;

@@ -14,6 +14,8 @@
 //!   network and no writes outside its directory; per-agent working
 //!   directories and file hand-off.
 
+#![warn(missing_docs)]
+
 pub mod datasets;
 pub mod math;
 pub mod math_tasks;

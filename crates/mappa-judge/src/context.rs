@@ -43,7 +43,7 @@ pub enum GroundTruth {
     /// The reference answer (MathChat).
     Answer(String),
     /// The graded submission (DSBench): its scores, or why it failed.
-    Submission(Outcome),
+    Submission(Box<Outcome>),
 }
 
 impl GroundTruth {

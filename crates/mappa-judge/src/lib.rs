@@ -17,6 +17,8 @@
 //! - `testing` (feature `testing`): a local OpenAI-compatible server for tests.
 //! - [`config`]: `COACH.toml`, as read by `mappa coach score`.
 
+#![warn(missing_docs)]
+
 pub mod cache;
 pub mod config;
 pub mod context;

@@ -62,16 +62,16 @@ pub struct OpenAiConfig {
 }
 
 mod defaults {
-    pub fn timeout_s() -> f64 {
+    pub(super) fn timeout_s() -> f64 {
         120.0
     }
-    pub fn max_attempts() -> u32 {
+    pub(super) fn max_attempts() -> u32 {
         6
     }
-    pub fn initial_backoff_s() -> f64 {
+    pub(super) fn initial_backoff_s() -> f64 {
         1.0
     }
-    pub fn max_backoff_s() -> f64 {
+    pub(super) fn max_backoff_s() -> f64 {
         60.0
     }
 }

@@ -19,6 +19,8 @@
 //! backward passes that call the inner backend's kernels
 //! (`autodiff.rs`). Model code calls the free functions below.
 
+#![warn(missing_docs)]
+
 mod autodiff;
 pub mod flex;
 

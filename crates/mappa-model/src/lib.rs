@@ -19,6 +19,8 @@
 //! those operations); the concrete backend is chosen by the caller
 //! ([`backend`] names the ones this crate was built with).
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod cache;
 pub mod chat;

@@ -605,9 +605,8 @@ mod tests {
     fn linear_layer_branches_agree_at_64_and_65_rows() {
         let device = Default::default();
         let (rows, inputs, outputs) = (FEW_ROWS + 1, 24, 10);
-        let values = |n: usize, k: f32| -> Vec<f32> {
-            (0..n).map(|i| (i as f32 * k).sin() * 1.7).collect()
-        };
+        let values =
+            |n: usize, k: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * k).sin() * 1.7).collect() };
         let (w, b, x) = (
             values(outputs * inputs, 0.37),
             values(outputs, 1.3),

@@ -22,6 +22,8 @@
 //! Everything is generic over `B: AutodiffBackend`; the concrete backend is
 //! chosen by the caller.
 
+#![warn(missing_docs)]
+
 pub mod checkpoint;
 pub mod config;
 pub mod learner;

@@ -11,26 +11,26 @@ use mappa_judge::testing::{serve, Reply, Request};
 use mappa_judge::ActionContext;
 
 /// The fake API key the tests set; no file may contain it.
-pub const FAKE_KEY: &str = "sk-mappa-test-FAKE-KEY-1234567890";
+pub(crate) const FAKE_KEY: &str = "sk-mappa-test-FAKE-KEY-1234567890";
 /// The environment variable holding it.
-pub const KEY_VAR: &str = "MAPPA_TEST_COACH_API_KEY";
+pub(crate) const KEY_VAR: &str = "MAPPA_TEST_COACH_API_KEY";
 
 /// One request the server saw.
 #[derive(Debug, Clone)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub scenario: String,
     pub reprompt: bool,
     pub authorization: Option<String>,
 }
 
 /// The running server.
-pub struct FakeServer {
+pub(crate) struct FakeServer {
     pub base_url: String,
     pub log: Arc<Mutex<Vec<Seen>>>,
 }
 
 impl FakeServer {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let log = Arc::new(Mutex::new(Vec::new()));
         let shared = log.clone();
         let base_url = serve(move |request| respond(request, &shared));
@@ -38,7 +38,7 @@ impl FakeServer {
     }
 
     /// Requests seen for a scenario.
-    pub fn count(&self, scenario: &str) -> usize {
+    pub(crate) fn count(&self, scenario: &str) -> usize {
         self.log
             .lock()
             .unwrap()
@@ -47,7 +47,7 @@ impl FakeServer {
             .count()
     }
 
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.log.lock().unwrap().len()
     }
 }
@@ -95,7 +95,7 @@ fn respond(request: &Request, log: &Mutex<Vec<Seen>>) -> Reply {
 }
 
 /// An action whose task names a scenario.
-pub fn action(id: &str, scenario: &str, role: &str) -> ActionContext {
+pub(crate) fn action(id: &str, scenario: &str, role: &str) -> ActionContext {
     ActionContext {
         id: id.into(),
         task: format!("What is 6 * 7? SCENARIO={scenario}"),
@@ -110,7 +110,7 @@ pub fn action(id: &str, scenario: &str, role: &str) -> ActionContext {
 }
 
 /// Set the fake key once for the whole test binary.
-pub fn set_fake_key() {
+pub(crate) fn set_fake_key() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| std::env::set_var(KEY_VAR, FAKE_KEY));
 }

@@ -9,42 +9,42 @@ use serde::Deserialize;
 /// The backend the parity tests run on: CUDA or wgpu when the crate is built
 /// with that feature (`just parity-cuda`, `just parity-wgpu`), else the CPU backend.
 #[cfg(feature = "cuda")]
-pub type TestBackend = mappa_model::backend::Cuda;
+pub(crate) type TestBackend = mappa_model::backend::Cuda;
 /// The backend the parity tests run on (see the CUDA variant).
 #[cfg(all(feature = "wgpu", not(feature = "cuda")))]
-pub type TestBackend = mappa_model::backend::Wgpu;
+pub(crate) type TestBackend = mappa_model::backend::Wgpu;
 /// The backend the parity tests run on (see the CUDA variant).
 #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-pub type TestBackend = mappa_model::backend::Cpu;
+pub(crate) type TestBackend = mappa_model::backend::Cpu;
 
 /// The repository's `fixtures/` directory.
-pub fn fixtures() -> PathBuf {
+pub(crate) fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures")
 }
 
 /// A fixture checkpoint directory.
-pub fn model_dir(name: &str) -> PathBuf {
+pub(crate) fn model_dir(name: &str) -> PathBuf {
     fixtures().join("models").join(name)
 }
 
 /// The fixture checkpoints, one per family.
-pub const MODELS: [&str; 3] = ["qwen3-tiny", "qwen2-tiny", "llama-tiny"];
+pub(crate) const MODELS: [&str; 3] = ["qwen3-tiny", "qwen2-tiny", "llama-tiny"];
 
 #[derive(Debug, Deserialize)]
-pub struct LogitsCase {
+pub(crate) struct LogitsCase {
     pub input_ids: Vec<u32>,
     pub logits: Vec<Vec<f32>>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct TeacherForcedCase {
+pub(crate) struct TeacherForcedCase {
     pub prompt_ids: Vec<u32>,
     pub completion_ids: Vec<u32>,
     pub logprobs: Vec<f32>,
 }
 
 #[derive(Debug, Deserialize)]
-pub struct GreedyCase {
+pub(crate) struct GreedyCase {
     pub prompt_ids: Vec<u32>,
     pub max_new_tokens: usize,
     pub output_ids: Vec<u32>,
@@ -53,20 +53,20 @@ pub struct GreedyCase {
 
 /// `fixtures/models/NAME/golden.json`, computed by HF transformers.
 #[derive(Debug, Deserialize)]
-pub struct ModelGolden {
+pub(crate) struct ModelGolden {
     pub logits: Vec<LogitsCase>,
     pub teacher_forced: Vec<TeacherForcedCase>,
     pub greedy: Vec<GreedyCase>,
 }
 
-pub fn model_golden(name: &str) -> ModelGolden {
+pub(crate) fn model_golden(name: &str) -> ModelGolden {
     let path = model_dir(name).join("golden.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Largest absolute difference between two equally long slices.
-pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter()
         .zip(b)

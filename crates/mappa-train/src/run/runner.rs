@@ -119,7 +119,7 @@ where
     /// Load the workflow, tasks, models (warm-started when the manifest
     /// says so) and sandbox of a manifest; with `coach = Some(mode)` also
     /// the coach, its cache mode overridden by `mode`.
-    pub fn build(
+    pub(super) fn build(
         manifest: &'a Manifest,
         run_dir: &Path,
         coach: Option<Option<CacheMode>>,
@@ -213,7 +213,7 @@ where
     /// `on_agent_done` as each agent finishes (see
     /// [`RolloutEngine::run_with`]). Returns the trajectories and their
     /// working directory.
-    pub fn rollout(
+    pub(super) fn rollout(
         &self,
         tasks: &[TaskInput],
         samples: usize,

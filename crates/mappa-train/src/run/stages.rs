@@ -215,7 +215,7 @@ pub(super) fn eval_line(
         let graded = tasks.grader.grade(workflow, task_of(&by_id, t)?, t)?;
         correct += graded.outcome;
         if let Some(GroundTruth::Submission(outcome)) = graded.ground_truth {
-            submissions.push(outcome);
+            submissions.push(*outcome);
         }
     }
     Ok(EvalLine {
@@ -234,7 +234,7 @@ where
     mappa_model::Transformer<B::InnerBackend>: Send,
 {
     /// Evaluate the current weights on the held-out tasks.
-    pub fn evaluate(&self, step: usize) -> Result<EvalLine, TrainError> {
+    pub(super) fn evaluate(&self, step: usize) -> Result<EvalLine, TrainError> {
         let e = &self.manifest.eval;
         let (trajectories, work) = self.rollout(
             &self.tasks.eval,
@@ -249,7 +249,7 @@ where
     }
 
     /// One training step on `batch`: the stages in order.
-    pub fn train_step(
+    pub(super) fn train_step(
         &mut self,
         step: usize,
         batch: &[TaskInput],

@@ -167,7 +167,7 @@ impl Grader for SubmissionGrader {
             .map_err(|e| TrainError::Input(format!("grading {}: {e}", task.id)))?;
         Ok(Graded {
             outcome: outcome.success as u8 as f64,
-            ground_truth: Some(GroundTruth::Submission(outcome)),
+            ground_truth: Some(GroundTruth::Submission(Box::new(outcome))),
         })
     }
 }
