@@ -6,8 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::AgentError;
 
-/// One chat message (the coach's message type: both speak the OpenAI format).
-pub use mappa_judge::rubric::Message;
+pub use mappa_core::chat::Message;
 
 /// One prompt of a batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -101,7 +101,7 @@ pub fn action_contexts(
     actions: &[ActionRecord],
 ) -> Vec<ActionContext> {
     let last_agent = workflow.agents.len() - 1;
-    let data_task = workflow.coach_domain == "dsbench";
+    let data_task = workflow.hands_off_files();
     actions
         .iter()
         .map(|a| ActionContext {

@@ -82,7 +82,9 @@ pub struct Workflow {
     pub name: String,
     /// What it is for.
     pub description: String,
-    /// The coach rubric set: `mathchat` or `dsbench`.
+    /// The coach's rubric set for these roles: a shipped one (`mathchat`,
+    /// `dsbench`: `mappa_judge::rubric::shipped_domains`) or one of your own
+    /// (`[coach] rubric_dir`).
     pub coach_domain: String,
     /// Appended to the task text agents see (after a blank line).
     #[serde(default)]
@@ -94,6 +96,14 @@ pub struct Workflow {
 }
 
 impl Workflow {
+    /// Whether agents hand files to each other (required or passed files),
+    /// so that the coach is shown each action's file lists.
+    pub fn hands_off_files(&self) -> bool {
+        self.agents
+            .iter()
+            .any(|a| !a.required_files.is_empty() || !a.pass_files.is_empty())
+    }
+
     /// Read and validate a workflow file.
     pub fn load(path: &Path) -> Result<Self, AgentError> {
         let text = std::fs::read_to_string(path)
@@ -111,10 +121,11 @@ impl Workflow {
         if self.agents.is_empty() {
             return Err("agents: expected at least one agent".into());
         }
-        if !["mathchat", "dsbench"].contains(&self.coach_domain.as_str()) {
+        if self.coach_domain.is_empty() || self.coach_domain.contains(['/', ' ']) {
             return Err(format!(
-                "coach_domain = {:?}: expected \"mathchat\" or \"dsbench\"",
-                self.coach_domain
+                "coach_domain = {:?}: expected a rubric set's name (shipped: {})",
+                self.coach_domain,
+                mappa_judge::rubric::shipped_domains().join(", ")
             ));
         }
         let mut seen = Vec::new();

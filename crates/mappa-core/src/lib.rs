@@ -5,10 +5,12 @@
 //! - [`hash`]: sha256 of bytes and files, rendered as lowercase hex.
 //! - [`fs`]: atomic file writes (temp file + rename), so that an interrupted
 //!   write never destroys what was already on disk.
+//! - [`chat`]: the chat message agents and coaches exchange.
 //! - [`error`]: the error type of this crate.
 
 #![warn(missing_docs)]
 
+pub mod chat;
 pub mod error;
 pub mod fs;
 pub mod hash;

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::{CacheMode, CoachCache};
 use crate::llm::{LlmCoach, LlmSettings};
 use crate::openai::{OpenAiBackend, OpenAiConfig};
-use crate::rubric::{Domain, RubricSet};
+use crate::rubric::RubricSet;
 use crate::scripted::{ScriptedCoach, ScriptedConfig};
 use crate::{Coach, CoachError};
 
@@ -46,8 +46,10 @@ pub struct LocalConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CoachConfig {
-    /// Which multi-agent system the rubrics judge.
-    pub domain: Domain,
+    /// Which rubric set judges the actions: a shipped domain (`mathchat`,
+    /// `dsbench`; the workflow's `coach_domain`), or the name of
+    /// `rubric_dir`'s set.
+    pub domain: String,
     /// Directory of rubric templates (default: the shipped ones).
     #[serde(default)]
     pub rubric_dir: Option<PathBuf>,
@@ -112,8 +114,8 @@ impl CoachConfig {
             return Ok(Box::new(ScriptedCoach::new(scripted.clone())?));
         }
         let rubrics = match &self.rubric_dir {
-            Some(dir) => RubricSet::from_dir(self.domain, dir)?,
-            None => RubricSet::builtin(self.domain),
+            Some(dir) => RubricSet::from_dir(dir)?,
+            None => RubricSet::builtin(&self.domain)?,
         };
         let cache = match (self.cache_mode, &self.cache) {
             (CacheMode::Off, _) => None,

@@ -15,8 +15,8 @@ use mappa_model::{
 };
 
 use crate::llm::{BackendError, ChatBackend, Completion, GenerationParams};
-use crate::rubric::Message;
 use crate::{CoachError, Usage};
+use mappa_core::chat::Message;
 
 /// A local judge model.
 pub struct LocalBackend<B: Backend> {

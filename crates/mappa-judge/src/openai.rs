@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::llm::{BackendError, ChatBackend, Completion, GenerationParams};
-use crate::rubric::Message;
 use crate::{CoachError, Usage};
+use mappa_core::chat::Message;
 
 /// Settings of an OpenAI-compatible endpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

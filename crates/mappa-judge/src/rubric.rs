@@ -15,85 +15,48 @@ use crate::CoachError;
 /// Tool observations are cut to this many characters (docs/METHOD.md section 3).
 pub const MAX_TOOL_OBSERVATION_CHARS: usize = 2000;
 
-/// One chat message, in the OpenAI format.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    /// `system`, `user` or `assistant`.
-    pub role: String,
-    /// The text.
-    pub content: String,
-}
+pub use mappa_core::chat::Message;
 
-impl Message {
-    /// A message with this role and text.
-    pub fn new(role: &str, content: impl Into<String>) -> Self {
-        Self {
-            role: role.to_string(),
-            content: content.into(),
-        }
-    }
-}
+/// The rubric sets shipped in this crate (`crates/mappa-judge/rubrics/`):
+/// a domain name, as workflows name it in `coach_domain`, and its files.
+/// A new domain is a directory of templates there and one entry here, or
+/// any directory given as `[coach] rubric_dir`.
+const SHIPPED: &[(&str, &[(&str, &str)])] = &[
+    (
+        "mathchat",
+        &[
+            ("_base.j2", include_str!("../rubrics/mathchat/_base.j2")),
+            (
+                "problem_solver.j2",
+                include_str!("../rubrics/mathchat/problem_solver.j2"),
+            ),
+            (
+                "code_executor.j2",
+                include_str!("../rubrics/mathchat/code_executor.j2"),
+            ),
+            (
+                "verifier.j2",
+                include_str!("../rubrics/mathchat/verifier.j2"),
+            ),
+        ],
+    ),
+    (
+        "dsbench",
+        &[
+            ("_base.j2", include_str!("../rubrics/dsbench/_base.j2")),
+            (
+                "data_engineer.j2",
+                include_str!("../rubrics/dsbench/data_engineer.j2"),
+            ),
+            ("modeler.j2", include_str!("../rubrics/dsbench/modeler.j2")),
+            ("analyst.j2", include_str!("../rubrics/dsbench/analyst.j2")),
+        ],
+    ),
+];
 
-/// Which multi-agent system a rubric set judges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Domain {
-    /// MathChat: problem_solver, code_executor, verifier.
-    MathChat,
-    /// The DSBench data-analysis pipeline: data_engineer, modeler, analyst.
-    DsBench,
-}
-
-impl Domain {
-    /// The directory name of its rubrics.
-    pub fn dir_name(self) -> &'static str {
-        match self {
-            Domain::MathChat => "mathchat",
-            Domain::DsBench => "dsbench",
-        }
-    }
-
-    /// The role ids, in chain order.
-    pub fn roles(self) -> &'static [&'static str] {
-        match self {
-            Domain::MathChat => &["problem_solver", "code_executor", "verifier"],
-            Domain::DsBench => &["data_engineer", "modeler", "analyst"],
-        }
-    }
-
-    /// MathChat's last-agent coach must also say whether the answer is correct.
-    fn asks_answer_correct(self) -> bool {
-        self == Domain::MathChat
-    }
-
-    fn builtin_files(self) -> &'static [(&'static str, &'static str)] {
-        match self {
-            Domain::MathChat => &[
-                ("_base.j2", include_str!("../rubrics/mathchat/_base.j2")),
-                (
-                    "problem_solver.j2",
-                    include_str!("../rubrics/mathchat/problem_solver.j2"),
-                ),
-                (
-                    "code_executor.j2",
-                    include_str!("../rubrics/mathchat/code_executor.j2"),
-                ),
-                (
-                    "verifier.j2",
-                    include_str!("../rubrics/mathchat/verifier.j2"),
-                ),
-            ],
-            Domain::DsBench => &[
-                ("_base.j2", include_str!("../rubrics/dsbench/_base.j2")),
-                (
-                    "data_engineer.j2",
-                    include_str!("../rubrics/dsbench/data_engineer.j2"),
-                ),
-                ("modeler.j2", include_str!("../rubrics/dsbench/modeler.j2")),
-                ("analyst.j2", include_str!("../rubrics/dsbench/analyst.j2")),
-            ],
-        }
-    }
+/// The names of the shipped rubric domains.
+pub fn shipped_domains() -> Vec<&'static str> {
+    SHIPPED.iter().map(|(name, _)| *name).collect()
 }
 
 /// A prompt ready for a coach.
@@ -107,42 +70,66 @@ pub struct RenderedPrompt {
     pub asks_answer_correct: bool,
 }
 
-/// The rubric templates of one domain.
+/// The rubric templates of one domain: `_base.j2` and one `<role>.j2` per
+/// role. When the base template uses `ask_answer_correct`, the last agent's
+/// coach is asked for `ANSWER_CORRECT` whenever it sees the ground truth.
 #[derive(Debug)]
 pub struct RubricSet {
-    domain: Domain,
+    domain: String,
+    asks_answer_correct: bool,
     env: Environment<'static>,
     shas: BTreeMap<String, String>,
 }
 
 impl RubricSet {
-    /// The rubrics shipped in this crate (`crates/mappa-judge/rubrics/`).
-    pub fn builtin(domain: Domain) -> Self {
-        let files = domain
-            .builtin_files()
+    /// The rubrics of a shipped domain (`crates/mappa-judge/rubrics/<domain>/`).
+    pub fn builtin(domain: &str) -> Result<Self, CoachError> {
+        let (_, files) = SHIPPED.iter().find(|(name, _)| *name == domain).ok_or_else(|| {
+            CoachError::Config(format!(
+                "coach domain {domain:?}: no shipped rubrics (shipped: {}); give your own as [coach] rubric_dir",
+                shipped_domains().join(", ")
+            ))
+        })?;
+        let files = files
             .iter()
             .map(|(n, s)| (n.to_string(), s.to_string()))
             .collect();
-        Self::from_sources(domain, files, "builtin").expect("the shipped rubrics compile")
+        Self::from_sources(domain, files, "builtin")
     }
 
     /// Rubrics from a directory holding `_base.j2` and one `<role>.j2` per
-    /// role of `domain` (copy `crates/mappa-judge/rubrics/<domain>` to start).
-    pub fn from_dir(domain: Domain, dir: &Path) -> Result<Self, CoachError> {
+    /// role (copy `crates/mappa-judge/rubrics/<domain>` to start); the
+    /// domain is the directory's name.
+    pub fn from_dir(dir: &Path) -> Result<Self, CoachError> {
+        let read_err =
+            |e: std::io::Error| CoachError::Config(format!("rubrics {}: {e}", dir.display()));
         let mut files = Vec::new();
-        for name in
-            std::iter::once("_base".to_string()).chain(domain.roles().iter().map(|r| r.to_string()))
-        {
-            let path = dir.join(format!("{name}.j2"));
-            let text = std::fs::read_to_string(&path)
-                .map_err(|e| CoachError::Config(format!("rubric {}: {e}", path.display())))?;
-            files.push((format!("{name}.j2"), text));
+        for entry in std::fs::read_dir(dir).map_err(read_err)? {
+            let path = entry.map_err(read_err)?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if name.ends_with(".j2") {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| CoachError::Config(format!("rubric {}: {e}", path.display())))?;
+                files.push((name.to_string(), text));
+            }
         }
-        Self::from_sources(domain, files, &dir.display().to_string())
+        if !files.iter().any(|(n, _)| n == "_base.j2") {
+            return Err(CoachError::Config(format!(
+                "rubrics {}: no _base.j2",
+                dir.display()
+            )));
+        }
+        files.sort();
+        let domain = dir
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        Self::from_sources(&domain, files, &dir.display().to_string())
     }
 
     fn from_sources(
-        domain: Domain,
+        domain: &str,
         files: Vec<(String, String)>,
         origin: &str,
     ) -> Result<Self, CoachError> {
@@ -170,12 +157,27 @@ impl RubricSet {
             env.add_template_owned(name.clone(), text)
                 .map_err(|e| CoachError::Config(format!("rubric {origin}/{name}: {e:#}")))?;
         }
-        Ok(Self { domain, env, shas })
+        if shas.is_empty() {
+            return Err(CoachError::Config(format!(
+                "rubrics {origin}: no role templates besides _base.j2"
+            )));
+        }
+        Ok(Self {
+            domain: domain.to_string(),
+            asks_answer_correct: base.contains("ask_answer_correct"),
+            env,
+            shas,
+        })
     }
 
-    /// The domain.
-    pub fn domain(&self) -> Domain {
-        self.domain
+    /// The domain's name.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The roles with a template, in name order.
+    pub fn roles(&self) -> Vec<&str> {
+        self.shas.keys().map(String::as_str).collect()
     }
 
     /// sha256 of a role's template: its file, a NUL line, and `_base.j2`.
@@ -195,8 +197,8 @@ impl RubricSet {
                 "action {:?}: role {:?} has no {} rubric (roles: {})",
                 ctx.id,
                 ctx.role,
-                self.domain.dir_name(),
-                self.domain.roles().join(", ")
+                self.domain,
+                self.roles().join(", ")
             ))
         })?;
         let ground_truth = ctx
@@ -204,7 +206,7 @@ impl RubricSet {
             .as_ref()
             .filter(|_| coach_sees_ground_truth && ctx.is_last_agent)
             .map(GroundTruth::render);
-        let asks_answer_correct = ground_truth.is_some() && self.domain.asks_answer_correct();
+        let asks_answer_correct = ground_truth.is_some() && self.asks_answer_correct;
         let observation = match ctx.tool_observation.as_deref() {
             Some(o) if !o.trim().is_empty() => cut(o, MAX_TOOL_OBSERVATION_CHARS),
             _ => "N/A".to_string(),
@@ -306,7 +308,7 @@ mod tests {
 
     #[test]
     fn ground_truth_only_for_the_last_agent_and_when_switched_on() {
-        let set = RubricSet::builtin(Domain::MathChat);
+        let set = RubricSet::builtin("mathchat").unwrap();
         let shown = set.render(&ctx("verifier"), true).unwrap();
         assert!(shown.asks_answer_correct);
         assert!(shown.messages[1].content.contains("Ground truth answer"));
@@ -323,7 +325,7 @@ mod tests {
 
     #[test]
     fn long_observations_are_cut_and_missing_ones_say_na() {
-        let set = RubricSet::builtin(Domain::MathChat);
+        let set = RubricSet::builtin("mathchat").unwrap();
         let mut c = ctx("code_executor");
         let user = |c: &ActionContext| set.render(c, true).unwrap().messages[1].content.clone();
         assert!(user(&c).contains("## Last tool output\nN/A"));
@@ -335,7 +337,7 @@ mod tests {
 
     #[test]
     fn unknown_roles_and_broken_templates_are_named() {
-        let set = RubricSet::builtin(Domain::DsBench);
+        let set = RubricSet::builtin("dsbench").unwrap();
         let err = set.render(&ctx("verifier"), true).unwrap_err().to_string();
         assert!(
             err.contains("verifier") && err.contains("data_engineer"),
@@ -354,15 +356,13 @@ mod tests {
             "{% block system %}{{ unclosed {% endblock %}",
         )
         .unwrap();
-        let err = RubricSet::from_dir(Domain::DsBench, dir.path())
-            .unwrap_err()
-            .to_string();
+        let err = RubricSet::from_dir(dir.path()).unwrap_err().to_string();
         assert!(err.contains("modeler.j2"), "{err}");
     }
 
     #[test]
     fn template_hashes_differ_by_role_and_follow_the_text() {
-        let set = RubricSet::builtin(Domain::MathChat);
+        let set = RubricSet::builtin("mathchat").unwrap();
         let a = set.template_sha256("problem_solver").unwrap();
         let b = set.template_sha256("verifier").unwrap();
         assert_ne!(a, b);

@@ -11,7 +11,7 @@ use common::{action, set_fake_key, FakeServer, FAKE_KEY, KEY_VAR};
 use mappa_judge::cache::{CacheMode, CoachCache};
 use mappa_judge::llm::{LlmCoach, LlmSettings};
 use mappa_judge::openai::{OpenAiBackend, OpenAiConfig};
-use mappa_judge::rubric::{Domain, RubricSet};
+use mappa_judge::rubric::RubricSet;
 use mappa_judge::{Coach, CoachError};
 
 fn endpoint(base_url: &str) -> OpenAiConfig {
@@ -36,7 +36,7 @@ fn coach(base_url: &str, cache: Option<CoachCache>) -> LlmCoach<OpenAiBackend> {
     LlmCoach::new(
         "openai:judge-test",
         backend,
-        RubricSet::builtin(Domain::MathChat),
+        RubricSet::builtin("mathchat").unwrap(),
         LlmSettings::default(),
         cache,
     )
@@ -259,7 +259,7 @@ fn requests_per_minute_spaces_request_starts() {
     let coach = LlmCoach::new(
         "openai:judge-test",
         backend,
-        RubricSet::builtin(Domain::MathChat),
+        RubricSet::builtin("mathchat").unwrap(),
         LlmSettings::default(),
         None,
     )

@@ -1,7 +1,7 @@
 //! The rendered coach prompt of every role, pinned by insta snapshots in
 //! `snapshots/mappa-judge/` (review changes with `cargo insta review`).
 
-use mappa_judge::rubric::{Domain, RubricSet};
+use mappa_judge::rubric::RubricSet;
 use mappa_judge::{ActionContext, FileLists};
 
 fn math_action(role: &str) -> ActionContext {
@@ -44,8 +44,11 @@ fn data_action(role: &str) -> ActionContext {
     }
 }
 
-fn render(domain: Domain, ctx: &ActionContext) -> String {
-    let prompt = RubricSet::builtin(domain).render(ctx, true).unwrap();
+fn render(domain: &str, ctx: &ActionContext) -> String {
+    let prompt = RubricSet::builtin(domain)
+        .unwrap()
+        .render(ctx, true)
+        .unwrap();
     let mut text = format!(
         "template_sha256: {}\nasks_answer_correct: {}\n",
         prompt.template_sha256, prompt.asks_answer_correct
@@ -65,16 +68,16 @@ fn every_role_renders_as_pinned() {
     ));
     settings.set_prepend_module_to_snapshot(false);
     settings.bind(|| {
-        for role in Domain::MathChat.roles() {
+        for role in ["problem_solver", "code_executor", "verifier"] {
             insta::assert_snapshot!(
                 format!("rubric_mathchat_{role}"),
-                render(Domain::MathChat, &math_action(role))
+                render("mathchat", &math_action(role))
             );
         }
-        for role in Domain::DsBench.roles() {
+        for role in ["data_engineer", "modeler", "analyst"] {
             insta::assert_snapshot!(
                 format!("rubric_dsbench_{role}"),
-                render(Domain::DsBench, &data_action(role))
+                render("dsbench", &data_action(role))
             );
         }
     });
