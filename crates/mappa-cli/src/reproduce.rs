@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use clap::Args;
+use mappa_judge::config::Judge;
+use mappa_judge::openai::OpenAiConfig;
 use mappa_train::manifest::Manifest;
 use mappa_train::run::{load_tasks, RunOptions};
 
@@ -109,7 +111,7 @@ fn plan(manifest: &Manifest) -> anyhow::Result<Vec<(String, String)>> {
             format!("at most {coach_calls} (plus one re-prompt per malformed reply)"),
         ),
     ];
-    if let Some(openai) = &manifest.coach.openai {
+    if let Judge::OpenAi(openai) = &manifest.coach.judge {
         // A coach prompt carries the task, the agent's input and output: about 3 actions' worth of tokens.
         let prompt_tokens = (coach_calls * (r.max_new_tokens * 2 + 1000)) as f64;
         let completion_tokens = (coach_calls * 300) as f64;
@@ -147,11 +149,10 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
         ));
     }
     out.extend(manifest.data.family().missing());
-    if let Some(var) = manifest
-        .coach
-        .openai
-        .as_ref()
-        .and_then(|o| o.api_key_env.as_ref())
+    if let Judge::OpenAi(OpenAiConfig {
+        api_key_env: Some(var),
+        ..
+    }) = &manifest.coach.judge
     {
         if std::env::var(var).map_or(true, |v| v.is_empty()) {
             out.push((

@@ -14,7 +14,7 @@
 //! max_tokens = 1024
 //! max_concurrency = 8
 //!
-//! [openai]                       # exactly one of [openai], [local], [scripted]
+//! [openai]                       # exactly one of [openai], [local], [scripted]: `Judge`
 //! base_url = "https://generativelanguage.googleapis.com/v1beta/openai"
 //! model = "gemini-2.5-flash"
 //! api_key_env = "GEMINI_API_KEY"
@@ -42,35 +42,105 @@ pub struct LocalConfig {
     pub seed: u64,
 }
 
+/// Which coach judges: one kind, with its settings (in TOML, one of the
+/// tables `[openai]`, `[local]`, `[scripted]`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judge {
+    /// An OpenAI-compatible endpoint (an LLM coach).
+    OpenAi(OpenAiConfig),
+    /// A local mappa-model checkpoint (an LLM coach).
+    Local(LocalConfig),
+    /// A scripted coach for generated tasks: simulated, it reads the known
+    /// solution.
+    Scripted(ScriptedConfig),
+}
+
 /// The whole coach configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "CoachTables", into = "CoachTables")]
 pub struct CoachConfig {
     /// Which rubric set judges the actions: a shipped domain (`mathchat`,
     /// `dsbench`; the workflow's `coach_domain`), or the name of
     /// `rubric_dir`'s set.
     pub domain: String,
     /// Directory of rubric templates (default: the shipped ones).
-    #[serde(default)]
     pub rubric_dir: Option<PathBuf>,
     /// The cache file (needed unless `cache_mode = "off"`).
-    #[serde(default)]
     pub cache: Option<PathBuf>,
     /// How the cache is used.
-    #[serde(default)]
     pub cache_mode: CacheMode,
     /// Protocol settings of LLM coaches.
-    #[serde(default)]
     pub settings: LlmSettings,
-    /// An OpenAI-compatible endpoint.
+    /// The coach.
+    pub judge: Judge,
+}
+
+/// [`CoachConfig`] as written: a table per coach kind, exactly one present.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CoachTables {
+    domain: String,
     #[serde(default)]
-    pub openai: Option<OpenAiConfig>,
-    /// A local checkpoint.
+    rubric_dir: Option<PathBuf>,
     #[serde(default)]
-    pub local: Option<LocalConfig>,
-    /// A scripted coach (generated tasks only).
+    cache: Option<PathBuf>,
     #[serde(default)]
-    pub scripted: Option<ScriptedConfig>,
+    cache_mode: CacheMode,
+    #[serde(default)]
+    settings: LlmSettings,
+    #[serde(default)]
+    openai: Option<OpenAiConfig>,
+    #[serde(default)]
+    local: Option<LocalConfig>,
+    #[serde(default)]
+    scripted: Option<ScriptedConfig>,
+}
+
+impl TryFrom<CoachTables> for CoachConfig {
+    type Error = String;
+
+    fn try_from(t: CoachTables) -> Result<Self, String> {
+        let judge = match (t.openai, t.local, t.scripted) {
+            (Some(o), None, None) => Judge::OpenAi(o),
+            (None, Some(l), None) => Judge::Local(l),
+            (None, None, Some(s)) => Judge::Scripted(s),
+            _ => {
+                return Err(
+                    "coach: expected exactly one of the tables [openai], [local], [scripted]"
+                        .into(),
+                )
+            }
+        };
+        Ok(Self {
+            domain: t.domain,
+            rubric_dir: t.rubric_dir,
+            cache: t.cache,
+            cache_mode: t.cache_mode,
+            settings: t.settings,
+            judge,
+        })
+    }
+}
+
+impl From<CoachConfig> for CoachTables {
+    fn from(c: CoachConfig) -> Self {
+        let (mut openai, mut local, mut scripted) = (None, None, None);
+        match c.judge {
+            Judge::OpenAi(o) => openai = Some(o),
+            Judge::Local(l) => local = Some(l),
+            Judge::Scripted(s) => scripted = Some(s),
+        }
+        Self {
+            domain: c.domain,
+            rubric_dir: c.rubric_dir,
+            cache: c.cache,
+            cache_mode: c.cache_mode,
+            settings: c.settings,
+            openai,
+            local,
+            scripted,
+        }
+    }
 }
 
 impl CoachConfig {
@@ -93,26 +163,36 @@ impl CoachConfig {
         };
         self.rubric_dir.as_mut().map(rebase);
         self.cache.as_mut().map(rebase);
-        if let Some(local) = self.local.as_mut() {
+        if let Judge::Local(local) = &mut self.judge {
             rebase(&mut local.checkpoint);
         }
     }
 
     /// Build the coach this configuration describes.
     pub fn build(&self) -> Result<Box<dyn Coach>, CoachError> {
-        let kinds = [
-            self.openai.is_some(),
-            self.local.is_some(),
-            self.scripted.is_some(),
-        ];
-        if kinds.iter().filter(|k| **k).count() != 1 {
-            return Err(CoachError::Config(
-                "expected exactly one of the sections [openai], [local], [scripted]".into(),
-            ));
+        match &self.judge {
+            Judge::Scripted(scripted) => Ok(Box::new(ScriptedCoach::new(scripted.clone())?)),
+            Judge::OpenAi(openai) => {
+                let (rubrics, cache) = self.rubrics_and_cache()?;
+                let backend = OpenAiBackend::new(openai.clone())?;
+                let name = format!("openai:{}", openai.model);
+                Ok(Box::new(LlmCoach::new(
+                    name,
+                    backend,
+                    rubrics,
+                    self.settings.clone(),
+                    cache,
+                )?))
+            }
+            Judge::Local(local) => {
+                let (rubrics, cache) = self.rubrics_and_cache()?;
+                build_local(local, rubrics, self.settings.clone(), cache)
+            }
         }
-        if let Some(scripted) = &self.scripted {
-            return Ok(Box::new(ScriptedCoach::new(scripted.clone())?));
-        }
+    }
+
+    /// An LLM coach's rubrics and cache.
+    fn rubrics_and_cache(&self) -> Result<(RubricSet, Option<CoachCache>), CoachError> {
         let rubrics = match &self.rubric_dir {
             Some(dir) => RubricSet::from_dir(dir)?,
             None => RubricSet::builtin(&self.domain)?,
@@ -126,19 +206,7 @@ impl CoachConfig {
                 )))
             }
         };
-        if let Some(openai) = &self.openai {
-            let backend = OpenAiBackend::new(openai.clone())?;
-            let name = format!("openai:{}", openai.model);
-            return Ok(Box::new(LlmCoach::new(
-                name,
-                backend,
-                rubrics,
-                self.settings.clone(),
-                cache,
-            )?));
-        }
-        let local = self.local.as_ref().expect("checked above");
-        build_local(local, rubrics, self.settings.clone(), cache)
+        Ok((rubrics, cache))
     }
 }
 

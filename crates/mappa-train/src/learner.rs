@@ -231,8 +231,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                 .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
                 .collect();
             let current =
-                completion_logprobs(&self.policy, &pairs, self.config.logprob_temperature as f32)
-                    .map_err(|e| TrainError::Model(e.to_string()))?;
+                completion_logprobs(&self.policy, &pairs, self.config.logprob_temperature as f32)?;
             let width = current.logprobs.dims()[1];
             let grid = |f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
                 let mut values = Vec::with_capacity(chunk.len() * width);
@@ -290,7 +289,7 @@ fn logprobs<B: ModelBackend>(
 ) -> Result<Vec<Vec<f32>>, TrainError> {
     completion_logprobs(model, pairs, temperature as f32)
         .map(|l| l.to_vecs())
-        .map_err(|e| TrainError::Model(e.to_string()))
+        .map_err(TrainError::from)
 }
 
 /// Mean and population standard deviation (0, 0 for no values).

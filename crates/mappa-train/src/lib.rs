@@ -58,7 +58,28 @@ pub enum TrainError {
     Input(String),
     /// The model failed.
     #[error("model: {0}")]
-    Model(String),
+    Model(#[from] mappa_model::ModelError),
+    /// A model directory could not be used.
+    #[error("model {path}: {source}")]
+    ModelAt {
+        /// The model directory.
+        path: String,
+        /// The failure.
+        #[source]
+        source: mappa_model::ModelError,
+    },
+    /// A workflow or rollout failed.
+    #[error(transparent)]
+    Agent(#[from] mappa_agents::AgentError),
+    /// The coach, its configuration or its cache failed.
+    #[error("coach: {0}")]
+    Coach(#[from] mappa_judge::CoachError),
+    /// Credit assignment refused its input.
+    #[error("credit: {0}")]
+    Credit(#[from] mappa_credit::CreditError),
+    /// The sandbox could not be set up.
+    #[error(transparent)]
+    Sandbox(#[from] mappa_env::sandbox::SandboxError),
     /// A non-finite loss or gradient.
     #[error("non-finite values: {0}")]
     NonFinite(String),
@@ -95,6 +116,14 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// A model failure on the model directory `path`.
+    pub fn model_at(path: &std::path::Path, source: mappa_model::ModelError) -> Self {
+        TrainError::ModelAt {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+
     /// An I/O failure on `path`.
     pub fn io(path: &std::path::Path, source: std::io::Error) -> Self {
         TrainError::Io {

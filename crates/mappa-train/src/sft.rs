@@ -87,8 +87,7 @@ pub fn supervised_finetune<B: AutodiffModelBackend>(
                 .map(|&i| (demos[i].0.as_slice(), demos[i].1.as_slice()))
                 .collect();
             let count: usize = pairs.iter().map(|(_, c)| c.len()).sum();
-            let out = completion_logprobs(&model, &pairs, 1.0)
-                .map_err(|e| TrainError::Model(e.to_string()))?;
+            let out = completion_logprobs(&model, &pairs, 1.0)?;
             let loss = kernels::sum(out.logprobs * out.mask).neg() / count as f64;
             let value = loss.clone().into_scalar().elem::<f64>();
             if !value.is_finite() {
@@ -116,19 +115,16 @@ pub fn encode_demonstration(
     tokenizer: &HfTokenizer,
     template: &ChatTemplate,
 ) -> Result<(Vec<u32>, Vec<u32>), TrainError> {
-    let model_err = |e: mappa_model::ModelError| TrainError::Model(e.to_string());
     let chat: Vec<ChatMessage> = messages
         .iter()
         .map(|m| ChatMessage::new(&m.role, &m.content))
         .collect();
-    let prompt = template
-        .render(&ChatRequest {
-            messages: &chat,
-            add_generation_prompt: true,
-            ..Default::default()
-        })
-        .map_err(model_err)?;
-    let mut completion = tokenizer.encode(text).map_err(model_err)?;
+    let prompt = template.render(&ChatRequest {
+        messages: &chat,
+        add_generation_prompt: true,
+        ..Default::default()
+    })?;
+    let mut completion = tokenizer.encode(text)?;
     completion.extend(tokenizer.eos_token_ids().first());
-    Ok((tokenizer.encode(&prompt).map_err(model_err)?, completion))
+    Ok((tokenizer.encode(&prompt)?, completion))
 }

@@ -56,10 +56,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
     trajectories: &[RolloutTrajectory<'_>],
     credit: &CreditConfig,
 ) -> Result<Vec<Vec<TrainSample>>, TrainError> {
-    credit
-        .validate()
-        .map_err(|e| TrainError::Config(e.to_string()))?;
-    let credit_err = |e: mappa_credit::CreditError| TrainError::Input(e.to_string());
+    credit.validate()?;
     // Rewards per action, in flattened order.
     let mut flat: Vec<(&RolloutAction<'_>, usize, f64)> = Vec::new();
     for (t, trajectory) in trajectories.iter().enumerate() {
@@ -75,7 +72,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
                 })
                 .collect(),
         };
-        let rewards = credit.rewards(&scored).map_err(credit_err)?;
+        let rewards = credit.rewards(&scored)?;
         for (action, reward) in trajectory.actions.iter().zip(rewards) {
             if action.agent >= learners.len() {
                 return Err(TrainError::Input(format!(
@@ -119,9 +116,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
     let mut returns = Vec::with_capacity(flat.len());
     for (i, (_, _, reward)) in flat.iter().enumerate() {
         let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-        let shaped = credit
-            .shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])
-            .map_err(credit_err)?;
+        let shaped = credit.shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])?;
         returns.push(shaped.returns);
     }
     let keys: Vec<SampleKey> = flat
@@ -131,9 +126,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
             group: *group,
         })
         .collect();
-    let advantages = credit
-        .advantages(&keys, &returns, &masks)
-        .map_err(credit_err)?;
+    let advantages = credit.advantages(&keys, &returns, &masks)?;
 
     let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
     for ((((action, _, reward), mask), advantages), (old, reference)) in flat

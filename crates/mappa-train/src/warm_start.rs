@@ -96,11 +96,8 @@ pub fn ensure<B: AutodiffModelBackend>(
             .collect(),
         sandbox,
         &work,
-    )
-    .map_err(|e| TrainError::Input(e.to_string()))?;
-    let trajectories = engine
-        .run(&teacher.tasks, 1)
-        .map_err(|e| TrainError::Input(e.to_string()))?;
+    )?;
+    let trajectories = engine.run(&teacher.tasks, 1)?;
     let _ = std::fs::remove_dir_all(&work);
     let _ = std::fs::remove_dir_all(dir.with_extension("data"));
 
@@ -115,9 +112,8 @@ pub fn ensure<B: AutodiffModelBackend>(
             .get(role)
             .ok_or_else(|| TrainError::Config(format!("warm_start: no model for {role}")))?;
         let tokenizer =
-            HfTokenizer::from_dir(source).map_err(|e| TrainError::Model(e.to_string()))?;
-        let template = ChatTemplate::from_tokenizer(&tokenizer)
-            .map_err(|e| TrainError::Model(e.to_string()))?;
+            HfTokenizer::from_dir(source).map_err(|e| TrainError::model_at(source, e))?;
+        let template = ChatTemplate::from_tokenizer(&tokenizer)?;
         let demos = trajectories
             .iter()
             .flat_map(|t| t.actions.iter().filter(|a| a.agent == agent))
@@ -130,12 +126,11 @@ pub fn ensure<B: AutodiffModelBackend>(
                 bar.inc(1);
             })?;
         let target = &out[role];
-        save_transformer(&tuned, target, StorageDtype::F32)
-            .map_err(|e| TrainError::Model(e.to_string()))?;
+        save_transformer(&tuned, target, StorageDtype::F32)?;
         for file in TOKENIZER_FILES {
             if source.join(file).exists() {
                 std::fs::copy(source.join(file), target.join(file))
-                    .map_err(|e| TrainError::Model(format!("{file}: {e}")))?;
+                    .map_err(|e| TrainError::io(&target.join(file), e))?;
             }
         }
         Ok(json!({ "demonstrations": demos.len(), "epoch_losses": losses }))
@@ -158,7 +153,6 @@ pub fn ensure<B: AutodiffModelBackend>(
     mappa_core::fs::write_atomic(
         &dir.join("done.json"),
         Value::Object(report).to_string().as_bytes(),
-    )
-    .map_err(|e| TrainError::Model(e.to_string()))?;
+    )?;
     Ok(out)
 }

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
+use mappa_judge::config::Judge;
 use mappa_judge::scripted::Strength;
 use mappa_train::manifest::{Manifest, Study};
 
@@ -48,11 +49,11 @@ pub fn apply_variants(manifest: &mut Manifest, variants: &str) -> anyhow::Result
 
 /// Set the scripted coach of a coach arm.
 fn apply_coach(manifest: &mut Manifest, coach: &str, study: &Study) -> anyhow::Result<()> {
-    let scripted = manifest.coach.scripted.as_mut().ok_or_else(|| {
-        anyhow!(
+    let Judge::Scripted(scripted) = &mut manifest.coach.judge else {
+        bail!(
             "study.coaches = [{coach:?}]: the manifest's coach is not scripted ([coach.scripted])"
-        )
-    })?;
+        );
+    };
     let (strength, bias) = match coach {
         "weak" => (Strength::Weak, Default::default()),
         "medium" => (Strength::Medium, Default::default()),
@@ -152,11 +153,10 @@ pub fn arms(
             manifest,
         ));
     }
-    let base_coach = base
-        .coach
-        .scripted
-        .as_ref()
-        .map(|s| (s.strength, s.bias.is_empty()));
+    let base_coach = match &base.coach.judge {
+        Judge::Scripted(s) => Some((s.strength, s.bias.is_empty())),
+        _ => None,
+    };
     for coach in coaches {
         // The method arm already is the strong-coach arm when the manifest's coach is strong and unbiased.
         if coach == "strong" && base_coach == Some((Strength::Strong, true)) {
@@ -271,7 +271,7 @@ mod tests {
         assert_eq!(unique.len(), labels.len(), "{labels:?}");
         for (arm, manifest) in &arms {
             if arm.group == ArmGroup::Coach {
-                assert!(manifest.coach.scripted.is_some());
+                assert!(matches!(manifest.coach.judge, Judge::Scripted(_)));
             }
         }
         assert!(arms.iter().any(|(a, _)| a.group == ArmGroup::Coach));

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use anyhow::anyhow;
 use mappa_agents::{Tool, Workflow};
-use mappa_judge::config::CoachConfig;
+use mappa_judge::config::{CoachConfig, Judge};
 use mappa_train::manifest::Manifest;
 
 use super::summarise::{smooth, summarise, ArmSummary, Verdict};
@@ -221,16 +221,11 @@ fn coach_section(data: &StudyData, arms: &[ArmSummary]) -> String {
 
 /// The coach, and whether it is simulated.
 fn describe_coach(coach: &CoachConfig) -> String {
-    if let Some(s) = &coach.scripted {
-        return format!("a **scripted coach** ({} preset): simulated, a rule-based judge that reads each generated task's known solution, not an LLM", s.strength.name());
+    match &coach.judge {
+        Judge::Scripted(s) => format!("a **scripted coach** ({} preset): simulated, a rule-based judge that reads each generated task's known solution, not an LLM", s.strength.name()),
+        Judge::OpenAi(o) => format!("an LLM coach, `{}` at {}", o.model, o.base_url),
+        Judge::Local(l) => format!("a local model as LLM coach ({})", l.checkpoint.display()),
     }
-    if let Some(o) = &coach.openai {
-        return format!("an LLM coach, `{}` at {}", o.model, o.base_url);
-    }
-    if let Some(l) = &coach.local {
-        return format!("a local model as LLM coach ({})", l.checkpoint.display());
-    }
-    "none configured".into()
 }
 
 /// Each role's model: its size and where its weights come from.

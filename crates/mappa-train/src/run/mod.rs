@@ -118,19 +118,15 @@ pub fn evaluate_remote(
         manifest.eval.temperature,
         manifest.rollout.max_new_tokens as u32,
         8,
-    )
-    .map_err(|e| TrainError::Config(e.to_string()))?;
+    )?;
     let policies: Vec<&dyn Policy> = workflow
         .agents
         .iter()
         .map(|_| &policy as &dyn Policy)
         .collect();
     let work = out_dir.join("work").join("eval-remote");
-    let engine = RolloutEngine::new(&workflow, policies, &sandbox, &work)
-        .map_err(|e| TrainError::Input(e.to_string()))?;
-    let trajectories = engine
-        .run(&tasks.eval, manifest.eval.samples)
-        .map_err(|e| TrainError::Input(e.to_string()))?;
+    let engine = RolloutEngine::new(&workflow, policies, &sandbox, &work)?;
+    let trajectories = engine.run(&tasks.eval, manifest.eval.samples)?;
     let mut line = stages::eval_line(0, &workflow, &tasks, &trajectories)?;
     line.policy = Some(policy.name());
     remove_work(&work)?;

@@ -48,11 +48,9 @@ pub(super) fn open_environment(
     manifest: &Manifest,
     out_dir: &Path,
 ) -> Result<(Workflow, TaskSet, Sandbox), TrainError> {
-    let config = |e: &dyn std::fmt::Display| TrainError::Config(e.to_string());
-    let workflow = Workflow::load(&manifest.workflow).map_err(|e| config(&e))?;
+    let workflow = Workflow::load(&manifest.workflow)?;
     let tasks = super::load_tasks(manifest, &out_dir.join("data"))?;
-    let sandbox =
-        Sandbox::new(SandboxConfig::discover().map_err(|e| config(&e))?).map_err(|e| config(&e))?;
+    let sandbox = Sandbox::new(SandboxConfig::discover()?)?;
     Ok((workflow, tasks, sandbox))
 }
 
@@ -68,13 +66,12 @@ fn base_models<B: AutodiffModelBackend>(
         let spec = manifest.models.get(&agent.role).ok_or_else(|| {
             TrainError::Config(format!("models: no model for role {:?}", agent.role))
         })?;
-        let model_err =
-            |e: &dyn std::fmt::Display| TrainError::Model(format!("{}: {e}", spec.path.display()));
+        let model_err = |e| TrainError::model_at(&spec.path, e);
         let model = match spec.init_seed {
             Some(seed) => TransformerConfig::from_hf_file(&spec.path.join("config.json"))
-                .map_err(|e| model_err(&e))?
+                .map_err(model_err)?
                 .init::<B>(seed, device),
-            None => load_transformer::<B>(&spec.path, device).map_err(|e| model_err(&e))?,
+            None => load_transformer::<B>(&spec.path, device).map_err(model_err)?,
         };
         sources.insert(agent.role.clone(), (model, spec.path.clone()));
     }
@@ -90,10 +87,9 @@ fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<()
     if mode == CacheMode::Off {
         return Ok(());
     }
-    let cache_error = |e: mappa_judge::CoachError| TrainError::Config(e.to_string());
-    let cache = mappa_judge::cache::CoachCache::open(path, mode).map_err(cache_error)?;
+    let cache = mappa_judge::cache::CoachCache::open(path, mode)?;
     let here = crate::machine::record();
-    match (mode, cache.recorded_machine().map_err(cache_error)?) {
+    match (mode, cache.recorded_machine()?) {
         (CacheMode::Replay, Some(recorded)) => {
             let recorded: serde_json::Value = serde_json::from_str(&recorded).unwrap_or_default();
             if let Some(warning) = crate::machine::warning(
@@ -104,9 +100,7 @@ fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<()
                 eprintln!("{warning}");
             }
         }
-        (CacheMode::ReadWrite, None) => {
-            cache.note_machine(&here.to_string()).map_err(cache_error)?
-        }
+        (CacheMode::ReadWrite, None) => cache.note_machine(&here.to_string())?,
         _ => {}
     }
     Ok(())
@@ -143,7 +137,7 @@ where
             sources = BTreeMap::new();
             for (role, path) in tuned {
                 let model = load_transformer::<B>(&path, device)
-                    .map_err(|e| TrainError::Model(format!("{}: {e}", path.display())))?;
+                    .map_err(|e| TrainError::model_at(&path, e))?;
                 sources.insert(role, (model, path));
             }
         }
@@ -151,10 +145,9 @@ where
         let mut learners = Vec::new();
         for agent in &workflow.agents {
             let (policy, path) = sources.remove(&agent.role).expect("every role has a model");
-            let model_err =
-                |e: &dyn std::fmt::Display| TrainError::Model(format!("{}: {e}", path.display()));
-            let tokenizer = HfTokenizer::from_dir(&path).map_err(|e| model_err(&e))?;
-            let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(|e| model_err(&e))?;
+            let model_err = |e| TrainError::model_at(&path, e);
+            let tokenizer = HfTokenizer::from_dir(&path).map_err(model_err)?;
+            let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(model_err)?;
             learners.push(AgentLearner::new(
                 &agent.role,
                 policy,
@@ -172,11 +165,7 @@ where
                     config.cache_mode = mode;
                 }
                 compare_cache_machine(&config)?;
-                Some(
-                    config
-                        .build()
-                        .map_err(|e| TrainError::Config(e.to_string()))?,
-                )
+                Some(config.build()?)
             }
             None => None,
         };
@@ -243,11 +232,8 @@ where
             policies.iter().map(|p| p as &dyn Policy).collect(),
             &self.sandbox,
             &work,
-        )
-        .map_err(|e| TrainError::Input(e.to_string()))?;
-        let trajectories = engine
-            .run_with(tasks, samples, on_agent_done)
-            .map_err(|e| TrainError::Input(e.to_string()))?;
+        )?;
+        let trajectories = engine.run_with(tasks, samples, on_agent_done)?;
         Ok((trajectories, work))
     }
 }
