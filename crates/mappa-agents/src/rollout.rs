@@ -4,15 +4,25 @@
 //! across trajectories (bounded by the sandbox's worker cap).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use mappa_env::sandbox::workspace::{FilePatterns, TrajectoryWorkspace};
 use mappa_env::sandbox::{FileChangeKind, RunResult, Sandbox, Status, PRIVATE_DIR};
 
-use crate::policy::{Message, Policy, PolicyRequest};
+use crate::policy::{Message, Policy, PolicyOutput, PolicyRequest};
 use crate::trajectory::{ActionRecord, TaskInput, Trajectory};
 use crate::workflow::{render_program, render_prompt, AgentSpec, Tool, Upstream, Workflow};
 use crate::AgentError;
+
+/// Whether an agent with a tool acts again: not when its required files
+/// exist (with `stop_when_files_exist`) or it wrote no code (with
+/// `stop_when_no_code`).
+fn continues(agent: &AgentSpec, dir: &Path, wrote_code: bool) -> bool {
+    let files_done =
+        agent.stop_when_files_exist && agent.required_files.iter().all(|f| dir.join(f).exists());
+    let no_code = agent.stop_when_no_code && !wrote_code;
+    agent.tool == Tool::Python && !files_done && !no_code
+}
 
 /// Tool outputs shown to agents are cut to this many characters.
 pub const MAX_OBSERVATION_CHARS: usize = 4000;
@@ -118,33 +128,27 @@ impl<'a> RolloutEngine<'a> {
             .collect())
     }
 
-    fn run_agent(
+    /// Hand the previous agent's files over (the task's inputs, for the
+    /// first agent), then each trajectory's first conversation.
+    fn first_prompts(
         &self,
         k: usize,
         agent: &AgentSpec,
         tasks: &[TaskInput],
         running: &mut [Running],
-    ) -> Result<(), AgentError> {
-        // Hand-off, then the first prompt of each trajectory.
+    ) -> Result<Vec<Vec<Message>>, AgentError> {
         let mut conversations = Vec::with_capacity(running.len());
         for r in running.iter_mut() {
             if k == 0 {
                 r.workspace
-                    .stage_inputs(&agent.role, &tasks[r.task].inputs)
-                    .map_err(AgentError::Sandbox)?;
+                    .stage_inputs(&agent.role, &tasks[r.task].inputs)?;
             } else {
                 let previous = &self.workflow.agents[k - 1];
-                let patterns =
-                    FilePatterns::new(&previous.pass_files).map_err(AgentError::Sandbox)?;
+                let patterns = FilePatterns::new(&previous.pass_files)?;
                 r.workspace
-                    .hand_off(&previous.role, &agent.role, &patterns)
-                    .map_err(AgentError::Sandbox)?;
+                    .hand_off(&previous.role, &agent.role, &patterns)?;
             }
-            let files = listing(
-                &r.workspace
-                    .agent_dir(&agent.role)
-                    .map_err(AgentError::Sandbox)?,
-            );
+            let files = listing(&r.workspace.agent_dir(&agent.role)?);
             let task = self.workflow.task_text(&tasks[r.task].text);
             let prompt = render_prompt(agent, &task, &files, &r.upstream)
                 .map_err(|e| AgentError::Workflow(format!("agent {}: prompt: {e}", agent.role)))?;
@@ -153,6 +157,70 @@ impl<'a> RolloutEngine<'a> {
                 Message::new("user", prompt),
             ]);
         }
+        Ok(conversations)
+    }
+
+    /// One turn of agent `k` in the `active` trajectories: one policy batch.
+    fn generate_turn(
+        &self,
+        k: usize,
+        turn: usize,
+        tasks: &[TaskInput],
+        running: &[Running],
+        active: &[usize],
+        conversations: &[Vec<Message>],
+    ) -> Result<Vec<PolicyOutput>, AgentError> {
+        let role = &self.workflow.agents[k].role;
+        let requests: Vec<PolicyRequest> = active
+            .iter()
+            .map(|&i| PolicyRequest {
+                messages: conversations[i].clone(),
+                stream: format!(
+                    "rollout/{}/s{}/{role}/{turn}",
+                    tasks[running[i].task].id, running[i].sample
+                ),
+            })
+            .collect();
+        let generated = self.policies[k].generate(&requests)?;
+        if generated.len() != requests.len() {
+            return Err(AgentError::Policy(format!(
+                "policy {} returned {} completions for {} prompts",
+                self.policies[k].name(),
+                generated.len(),
+                requests.len()
+            )));
+        }
+        Ok(generated)
+    }
+
+    /// The program each output runs: its own Python, or the workflow's
+    /// program template filled with the output.
+    fn programs(
+        agent: &AgentSpec,
+        generated: &[PolicyOutput],
+    ) -> Result<Vec<Option<String>>, AgentError> {
+        generated
+            .iter()
+            .map(|g| match (&agent.tool, &agent.program) {
+                (Tool::Python, Some(program)) => {
+                    render_program(program, &g.text).map(Some).map_err(|e| {
+                        AgentError::Workflow(format!("agent {}: program: {e}", agent.role))
+                    })
+                }
+                (Tool::Python, None) => Ok(extract_python(&g.text)),
+                (Tool::None, _) => Ok(None),
+            })
+            .collect()
+    }
+
+    fn run_agent(
+        &self,
+        k: usize,
+        agent: &AgentSpec,
+        tasks: &[TaskInput],
+        running: &mut [Running],
+    ) -> Result<(), AgentError> {
+        let mut conversations = self.first_prompts(k, agent, tasks, running)?;
         let mut active: Vec<usize> = (0..running.len()).collect();
         let mut outputs: Vec<Vec<String>> = vec![Vec::new(); running.len()];
         let mut last_tool: Vec<Option<String>> = vec![None; running.len()];
@@ -160,55 +228,25 @@ impl<'a> RolloutEngine<'a> {
             if active.is_empty() {
                 break;
             }
-            let requests: Vec<PolicyRequest> = active
-                .iter()
-                .map(|&i| PolicyRequest {
-                    messages: conversations[i].clone(),
-                    stream: format!(
-                        "rollout/{}/s{}/{}/{turn}",
-                        tasks[running[i].task].id, running[i].sample, agent.role
-                    ),
-                })
-                .collect();
-            let generated = self.policies[k].generate(&requests)?;
-            if generated.len() != requests.len() {
-                return Err(AgentError::Policy(format!(
-                    "policy {} returned {} completions for {} prompts",
-                    self.policies[k].name(),
-                    generated.len(),
-                    requests.len()
-                )));
-            }
+            let generated = self.generate_turn(k, turn, tasks, running, &active, &conversations)?;
             let dirs: Vec<PathBuf> = active
                 .iter()
                 .map(|&i| running[i].workspace.agent_dir(&agent.role))
-                .collect::<Result<_, _>>()
-                .map_err(AgentError::Sandbox)?;
-            let codes: Vec<Option<String>> = generated
-                .iter()
-                .map(|g| match (&agent.tool, &agent.program) {
-                    (Tool::Python, Some(program)) => {
-                        render_program(program, &g.text).map(Some).map_err(|e| {
-                            AgentError::Workflow(format!("agent {}: program: {e}", agent.role))
-                        })
-                    }
-                    (Tool::Python, None) => Ok(extract_python(&g.text)),
-                    (Tool::None, _) => Ok(None),
-                })
                 .collect::<Result<_, _>>()?;
+            let codes = Self::programs(agent, &generated)?;
+            // The files each action could use, before its code runs.
             let available: Vec<Vec<String>> = dirs.iter().map(|d| listing(d)).collect();
             let results = self.run_code(&dirs, &codes)?;
             let mut still_active = Vec::new();
             for (j, &i) in active.iter().enumerate() {
                 let output = &generated[j];
                 let observation = results[j].as_ref().map(observation);
-                if let Some(result) = &results[j] {
-                    for change in &result.files {
-                        if change.change != FileChangeKind::Deleted {
-                            running[i].saved.insert(change.path.clone());
-                        }
-                    }
-                }
+                let saved = results[j].iter().flat_map(|r| &r.files);
+                running[i].saved.extend(
+                    saved
+                        .filter(|c| c.change != FileChangeKind::Deleted)
+                        .map(|c| c.path.clone()),
+                );
                 running[i].actions.push(ActionRecord {
                     agent: k,
                     role: agent.role.clone(),
@@ -232,26 +270,19 @@ impl<'a> RolloutEngine<'a> {
                     conversations[i]
                         .push(Message::new("user", format!("Output of your code:\n{obs}")));
                 }
-                let files_done = agent.stop_when_files_exist
-                    && agent
-                        .required_files
-                        .iter()
-                        .all(|f| dirs[j].join(f).exists());
-                let no_code = agent.stop_when_no_code && codes[j].is_none();
-                let continues = agent.tool == Tool::Python && !files_done && !no_code;
-                if continues {
+                if continues(agent, &dirs[j], codes[j].is_some()) {
                     still_active.push(i);
                 }
             }
             active = still_active;
         }
-        for (i, r) in running.iter_mut().enumerate() {
+        for ((r, outputs), last_tool) in running.iter_mut().zip(outputs).zip(last_tool) {
             r.upstream.insert(
                 agent.role.clone(),
                 Upstream {
-                    output: outputs[i].last().cloned().unwrap_or_default(),
-                    outputs: std::mem::take(&mut outputs[i]),
-                    tool_output: last_tool[i].take().unwrap_or_else(|| "N/A".into()),
+                    output: outputs.last().cloned().unwrap_or_default(),
+                    outputs,
+                    tool_output: last_tool.unwrap_or_else(|| "N/A".into()),
                 },
             );
         }

@@ -44,7 +44,7 @@ fn plan(manifest: &Manifest) -> anyhow::Result<Vec<(String, String)>> {
     // Generated tasks are written somewhere disposable for the count.
     let scratch = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
     let tasks = load_tasks(manifest, scratch.path())?;
-    let (train, eval) = (tasks.train, tasks.eval);
+    let (train, eval) = (tasks.train.len(), tasks.eval.len());
     let r = &manifest.rollout;
     let trajectories = r.steps * r.prompts_per_step * r.samples_per_prompt;
     let max_actions: usize = workflow.agents.iter().map(|a| a.max_actions).sum();
@@ -53,63 +53,20 @@ fn plan(manifest: &Manifest) -> anyhow::Result<Vec<(String, String)>> {
         0 => 2,
         every => r.steps.div_ceil(every) + 1,
     };
-    let eval_trajectories = evaluations * eval.len() * manifest.eval.samples;
+    let samples = manifest.eval.samples;
+    let eval_trajectories = evaluations * eval * samples;
     let coach_calls = trajectories * max_actions;
-    let mut rows = vec![
-        (
-            "workflow".into(),
-            format!(
-                "{} ({} agents: {})",
-                workflow.name,
-                workflow.agents.len(),
-                workflow
-                    .agents
-                    .iter()
-                    .map(|a| a.role.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" -> ")
-            ),
-        ),
-        (
-            "training tasks".into(),
-            format!("{} ({} held out)", train.len(), eval.len()),
-        ),
-        (
-            "steps".into(),
-            format!(
-                "{} ({} prompts x {} samples each)",
-                r.steps, r.prompts_per_step, r.samples_per_prompt
-            ),
-        ),
-        ("training trajectories".into(), trajectories.to_string()),
-        (
-            "actions".into(),
-            format!(
-                "at most {} ({} per trajectory)",
-                trajectories * max_actions,
-                max_actions
-            ),
-        ),
-        (
-            "generated tokens".into(),
-            format!(
-                "at most {} ({} per action)",
-                (trajectories + eval_trajectories) * max_actions * r.max_new_tokens,
-                r.max_new_tokens
-            ),
-        ),
-        (
-            "evaluations".into(),
-            format!(
-                "{evaluations} x {} tasks x {} samples = {eval_trajectories} trajectories",
-                eval.len(),
-                manifest.eval.samples
-            ),
-        ),
-        (
-            "coach calls".into(),
-            format!("at most {coach_calls} (plus one re-prompt per malformed reply)"),
-        ),
+    let roles: Vec<&str> = workflow.agents.iter().map(|a| a.role.as_str()).collect();
+    let tokens = (trajectories + eval_trajectories) * max_actions * r.max_new_tokens;
+    let mut rows: Vec<(&str, String)> = vec![
+        ("workflow", format!("{} ({} agents: {})", workflow.name, roles.len(), roles.join(" -> "))),
+        ("training tasks", format!("{train} ({eval} held out)")),
+        ("steps", format!("{} ({} prompts x {} samples each)", r.steps, r.prompts_per_step, r.samples_per_prompt)),
+        ("training trajectories", trajectories.to_string()),
+        ("actions", format!("at most {coach_calls} ({max_actions} per trajectory)")),
+        ("generated tokens", format!("at most {tokens} ({} per action)", r.max_new_tokens)),
+        ("evaluations", format!("{evaluations} x {eval} tasks x {samples} samples = {eval_trajectories} trajectories")),
+        ("coach calls", format!("at most {coach_calls} (plus one re-prompt per malformed reply)")),
     ];
     if let Judge::OpenAi(openai) = &manifest.coach.judge {
         // A coach prompt carries the task, the agent's input and output: about 3 actions' worth of tokens.
@@ -118,9 +75,9 @@ fn plan(manifest: &Manifest) -> anyhow::Result<Vec<(String, String)>> {
         let cost = (prompt_tokens * openai.usd_per_million_prompt_tokens
             + completion_tokens * openai.usd_per_million_completion_tokens)
             / 1e6;
-        rows.push(("estimated coach cost".into(), format!("up to {cost:.0} USD ({} at the configured prices; the paper reports 50-150 USD per run)", openai.model)));
+        rows.push(("estimated coach cost", format!("up to {cost:.0} USD ({} at the configured prices; the paper reports 50-150 USD per run)", openai.model)));
     }
-    Ok(rows)
+    Ok(rows.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
 }
 
 /// Everything the run needs that is not here: (what, how to supply it).

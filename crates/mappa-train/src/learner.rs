@@ -156,34 +156,28 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         logprobs(&self.reference, pairs, self.config.logprob_temperature)
     }
 
-    /// One optimiser step on `samples` (all of this agent's actions in the
-    /// rollout step), in micro-batches with gradient accumulation.
-    pub fn train_step(
-        &mut self,
-        samples: &[TrainSample],
-        loss_config: &LossConfig,
-    ) -> Result<StepMetrics, TrainError> {
+    /// Every sample's per-token vectors must match its completion.
+    fn check_lengths(&self, samples: &[TrainSample]) -> Result<(), TrainError> {
         for (i, s) in samples.iter().enumerate() {
             let n = s.completion.len();
-            if [
+            let lengths = [
                 s.old_logprobs.len(),
                 s.ref_logprobs.len(),
                 s.advantages.len(),
                 s.mask.len(),
-            ]
-            .iter()
-            .any(|&l| l != n)
-            {
+            ];
+            if lengths.iter().any(|&l| l != n) {
                 return Err(TrainError::Input(format!(
                     "agent {} sample {i}: completion has {n} tokens but old/ref log-probs, advantages and mask have {}/{}/{}/{}",
-                    self.name,
-                    s.old_logprobs.len(),
-                    s.ref_logprobs.len(),
-                    s.advantages.len(),
-                    s.mask.len()
+                    self.name, lengths[0], lengths[1], lengths[2], lengths[3]
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// The step's metrics known before the update: sizes, rewards, advantages.
+    fn sample_metrics(&self, samples: &[TrainSample], lr: f64) -> StepMetrics {
         let tokens: usize = samples
             .iter()
             .map(|s| s.mask.iter().filter(|m| **m).count())
@@ -199,8 +193,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             })
             .collect();
         let (advantage_mean, advantage_std) = mean_std(&valid_advantages);
-        let lr = learning_rate(&self.config, self.step);
-        let mut metrics = StepMetrics {
+        StepMetrics {
             agent: self.name.clone(),
             step: self.step,
             samples: samples.len(),
@@ -217,23 +210,28 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             response_length: samples.iter().map(|s| s.completion.len()).sum::<usize>() as f64
                 / samples.len().max(1) as f64,
             skipped: tokens == 0,
-        };
-        if tokens == 0 {
-            self.step += 1;
-            return Ok(metrics);
         }
+    }
+
+    /// The loss of one micro-batch (normalised by the step's `tokens`) and
+    /// its gradients; adds the loss, clipped tokens and KL sum to `metrics`.
+    fn micro_batch(
+        &self,
+        chunk: &[TrainSample],
+        loss_config: &LossConfig,
+        tokens: usize,
+        metrics: &mut StepMetrics,
+    ) -> Result<GradientsParams, TrainError> {
         let device = self.policy.device();
-        let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
-        let (mut clipped, mut kl_sum) = (0.0, 0.0);
-        for chunk in samples.chunks(self.config.micro_batch_size) {
-            let pairs: Vec<(&[u32], &[u32])> = chunk
-                .iter()
-                .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
-                .collect();
-            let current =
-                completion_logprobs(&self.policy, &pairs, self.config.logprob_temperature as f32)?;
-            let width = current.logprobs.dims()[1];
-            let grid = |f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
+        let pairs: Vec<(&[u32], &[u32])> = chunk
+            .iter()
+            .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
+            .collect();
+        let current =
+            completion_logprobs(&self.policy, &pairs, self.config.logprob_temperature as f32)?;
+        let width = current.logprobs.dims()[1];
+        let grid =
+            |f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
                 let mut values = Vec::with_capacity(chunk.len() * width);
                 for s in chunk {
                     values.extend((0..width).map(|t| {
@@ -246,21 +244,45 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                 }
                 Tensor::from_data(TensorData::new(values, [chunk.len(), width]), &device)
             };
-            let out = ppo_clip_loss(
-                LossInputs {
-                    logprobs: current.logprobs,
-                    old_logprobs: grid(&|s, t| s.old_logprobs[t]),
-                    ref_logprobs: grid(&|s, t| s.ref_logprobs[t]),
-                    advantages: grid(&|s, t| s.advantages[t]),
-                    mask: grid(&|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
-                },
-                loss_config,
-                tokens as f64,
-            );
-            metrics.loss += out.loss.clone().into_scalar().elem::<f64>();
-            clipped += out.clipped_tokens;
-            kl_sum += out.kl_sum;
-            let grads = GradientsParams::from_grads(out.loss.backward(), &self.policy);
+        let out = ppo_clip_loss(
+            LossInputs {
+                logprobs: current.logprobs,
+                old_logprobs: grid(&|s, t| s.old_logprobs[t]),
+                ref_logprobs: grid(&|s, t| s.ref_logprobs[t]),
+                advantages: grid(&|s, t| s.advantages[t]),
+                mask: grid(&|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
+            },
+            loss_config,
+            tokens as f64,
+        );
+        metrics.loss += out.loss.clone().into_scalar().elem::<f64>();
+        metrics.clip_fraction += out.clipped_tokens;
+        metrics.kl += out.kl_sum;
+        Ok(GradientsParams::from_grads(
+            out.loss.backward(),
+            &self.policy,
+        ))
+    }
+
+    /// One optimiser step on `samples` (all of this agent's actions in the
+    /// rollout step), in micro-batches with gradient accumulation.
+    pub fn train_step(
+        &mut self,
+        samples: &[TrainSample],
+        loss_config: &LossConfig,
+    ) -> Result<StepMetrics, TrainError> {
+        self.check_lengths(samples)?;
+        let lr = learning_rate(&self.config, self.step);
+        let mut metrics = self.sample_metrics(samples, lr);
+        let tokens = metrics.tokens;
+        if tokens == 0 {
+            self.step += 1;
+            return Ok(metrics);
+        }
+        let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
+        // Summed over micro-batches here, made fractions below.
+        for chunk in samples.chunks(self.config.micro_batch_size) {
+            let grads = self.micro_batch(chunk, loss_config, tokens, &mut metrics)?;
             accumulator.accumulate(&self.policy, grads);
         }
         let mut grads = accumulator.grads();
@@ -274,8 +296,8 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                 self.name, self.step, metrics.grad_norm
             )));
         }
-        metrics.clip_fraction = clipped / tokens as f64;
-        metrics.kl = kl_sum / tokens as f64;
+        metrics.clip_fraction /= tokens as f64;
+        metrics.kl /= tokens as f64;
         self.policy = self.optimizer.step(lr, self.policy.clone(), grads);
         self.step += 1;
         Ok(metrics)

@@ -49,16 +49,16 @@ pub fn loss_config(train: &TrainConfig, credit: &CreditConfig) -> LossConfig {
     }
 }
 
-/// Turn a step's trajectories into training samples, one list per learner
-/// (indexed like `learners`).
-pub fn build_samples<B: AutodiffModelBackend>(
-    learners: &[AgentLearner<B>],
-    trajectories: &[RolloutTrajectory<'_>],
+/// An action with its trajectory's prompt group and its reward.
+type Rewarded<'r, 'a> = (&'r RolloutAction<'a>, usize, f64);
+
+/// Every action's reward under the credit strategy, in flattened order.
+fn rewards<'r, 'a>(
+    n_agents: usize,
+    trajectories: &'r [RolloutTrajectory<'a>],
     credit: &CreditConfig,
-) -> Result<Vec<Vec<TrainSample>>, TrainError> {
-    credit.validate()?;
-    // Rewards per action, in flattened order.
-    let mut flat: Vec<(&RolloutAction<'_>, usize, f64)> = Vec::new();
+) -> Result<Vec<Rewarded<'r, 'a>>, TrainError> {
+    let mut flat = Vec::new();
     for (t, trajectory) in trajectories.iter().enumerate() {
         let scored = ScoredTrajectory {
             group: trajectory.group,
@@ -72,19 +72,26 @@ pub fn build_samples<B: AutodiffModelBackend>(
                 })
                 .collect(),
         };
-        let rewards = credit.rewards(&scored)?;
-        for (action, reward) in trajectory.actions.iter().zip(rewards) {
-            if action.agent >= learners.len() {
+        for (action, reward) in trajectory.actions.iter().zip(credit.rewards(&scored)?) {
+            if action.agent >= n_agents {
                 return Err(TrainError::Input(format!(
-                    "trajectory {t}: agent index {} but there are {} learners",
-                    action.agent,
-                    learners.len()
+                    "trajectory {t}: agent index {} but there are {n_agents} learners",
+                    action.agent
                 )));
             }
             flat.push((action, trajectory.group, reward));
         }
     }
-    // Log-probs under each agent's policy and reference, one batch per agent.
+    Ok(flat)
+}
+
+/// Per-token log-probs of every action under its agent's policy and
+/// reference, one batch per agent.
+#[allow(clippy::type_complexity)]
+fn logprobs<B: AutodiffModelBackend>(
+    learners: &[AgentLearner<B>],
+    flat: &[Rewarded<'_, '_>],
+) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), TrainError> {
     let mut old = vec![Vec::new(); flat.len()];
     let mut reference = vec![Vec::new(); flat.len()];
     for (agent, learner) in learners.iter().enumerate() {
@@ -108,17 +115,33 @@ pub fn build_samples<B: AutodiffModelBackend>(
             reference[i] = r;
         }
     }
-    // Shaping, then normalisation over the scope.
+    Ok((old, reference))
+}
+
+/// Turn a step's trajectories into training samples, one list per learner
+/// (indexed like `learners`): rewards, log-probs, KL shaping and returns,
+/// then normalisation over the configured scope.
+pub fn build_samples<B: AutodiffModelBackend>(
+    learners: &[AgentLearner<B>],
+    trajectories: &[RolloutTrajectory<'_>],
+    credit: &CreditConfig,
+) -> Result<Vec<Vec<TrainSample>>, TrainError> {
+    credit.validate()?;
+    let flat = rewards(learners.len(), trajectories, credit)?;
+    let (old, reference) = logprobs(learners, &flat)?;
     let masks: Vec<Vec<bool>> = flat
         .iter()
         .map(|(a, _, _)| vec![!a.truncated; a.completion.len()])
         .collect();
-    let mut returns = Vec::with_capacity(flat.len());
-    for (i, (_, _, reward)) in flat.iter().enumerate() {
-        let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-        let shaped = credit.shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])?;
-        returns.push(shaped.returns);
-    }
+    let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    let returns = flat
+        .iter()
+        .enumerate()
+        .map(|(i, (_, _, reward))| {
+            let shaped = credit.shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])?;
+            Ok(shaped.returns)
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
     let keys: Vec<SampleKey> = flat
         .iter()
         .map(|(a, group, _)| SampleKey {
@@ -127,7 +150,6 @@ pub fn build_samples<B: AutodiffModelBackend>(
         })
         .collect();
     let advantages = credit.advantages(&keys, &returns, &masks)?;
-
     let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
     for ((((action, _, reward), mask), advantages), (old, reference)) in flat
         .into_iter()

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use mappa_agents::{RolloutEngine, TaskInput, Workflow};
+use mappa_agents::{RolloutEngine, TaskInput, Trajectory, Workflow};
 use mappa_core::hash::sha256_hex;
 use mappa_env::sandbox::Sandbox;
 use mappa_model::weights::save_transformer;
@@ -66,6 +66,64 @@ pub fn cache_dir(manifest: &Manifest, resolved: &Value, cache_root: &Path) -> Pa
     ))
 }
 
+/// The teacher's demonstrations: one rollout of its tasks (in `dir`'s
+/// scratch directories, removed afterwards).
+fn demonstrations(
+    manifest: &Manifest,
+    warm: &WarmStart,
+    workflow: &Workflow,
+    roles: &[String],
+    held_out: &[TaskInput],
+    sandbox: &Sandbox,
+    dir: &Path,
+) -> Result<Vec<Trajectory>, TrainError> {
+    let work = dir.with_extension("work");
+    let data = dir.with_extension("data");
+    let teacher = manifest
+        .data
+        .family()
+        .teacher(warm, roles, held_out, &data)?;
+    let policies = teacher
+        .policies
+        .iter()
+        .map(|p| p as &dyn mappa_agents::Policy)
+        .collect();
+    let trajectories =
+        RolloutEngine::new(workflow, policies, sandbox, &work)?.run(&teacher.tasks, 1)?;
+    let _ = std::fs::remove_dir_all(&work);
+    let _ = std::fs::remove_dir_all(&data);
+    Ok(trajectories)
+}
+
+/// Fine-tune one role's model on its demonstrations and save it (with the
+/// tokenizer files) to `target`; returns the role's entry of `done.json`.
+fn tune_role<B: AutodiffModelBackend>(
+    warm: &WarmStart,
+    agent: usize,
+    (model, source): &(Transformer<B>, PathBuf),
+    trajectories: &[Trajectory],
+    target: &Path,
+    progress: &mut dyn FnMut(usize, f64),
+) -> Result<Value, TrainError> {
+    let tokenizer = HfTokenizer::from_dir(source).map_err(|e| TrainError::model_at(source, e))?;
+    let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+    let demos = trajectories
+        .iter()
+        .flat_map(|t| t.actions.iter().filter(|a| a.agent == agent))
+        .take(warm.demonstrations)
+        .map(|a| encode_demonstration(&a.messages, &a.text, &tokenizer, &template))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (tuned, losses) = supervised_finetune(model.clone(), &demos, &warm.sft, progress)?;
+    save_transformer(&tuned, target, StorageDtype::F32)?;
+    for file in TOKENIZER_FILES {
+        if source.join(file).exists() {
+            std::fs::copy(source.join(file), target.join(file))
+                .map_err(|e| TrainError::io(&target.join(file), e))?;
+        }
+    }
+    Ok(json!({ "demonstrations": demos.len(), "epoch_losses": losses }))
+}
+
 /// Make (or reuse) the warm-started model of every role; returns their directories.
 pub fn ensure<B: AutodiffModelBackend>(
     manifest: &Manifest,
@@ -81,65 +139,36 @@ pub fn ensure<B: AutodiffModelBackend>(
     if dir.join("done.json").exists() {
         return Ok(out);
     }
-    let work = dir.with_extension("work");
-    let teacher =
-        manifest
-            .data
-            .family()
-            .teacher(warm, &roles, held_out, &dir.with_extension("data"))?;
-    let engine = RolloutEngine::new(
-        workflow,
-        teacher
-            .policies
-            .iter()
-            .map(|p| p as &dyn mappa_agents::Policy)
-            .collect(),
-        sandbox,
-        &work,
-    )?;
-    let trajectories = engine.run(&teacher.tasks, 1)?;
-    let _ = std::fs::remove_dir_all(&work);
-    let _ = std::fs::remove_dir_all(dir.with_extension("data"));
-
+    let trajectories = demonstrations(manifest, warm, workflow, &roles, held_out, sandbox, dir)?;
     let bar = crate::progress::bar(
         roles.len() * warm.sft.epochs,
         "warm start [{bar:30}] {pos}/{len} epochs ({elapsed}, eta {eta}) {msg}",
         true,
     );
     // The roles' models are independent: tune them at once, one thread each.
-    let tune_role = |agent: usize, role: &String| -> Result<Value, TrainError> {
-        let (model, source) = initial
-            .get(role)
-            .ok_or_else(|| TrainError::Config(format!("warm_start: no model for {role}")))?;
-        let tokenizer =
-            HfTokenizer::from_dir(source).map_err(|e| TrainError::model_at(source, e))?;
-        let template = ChatTemplate::from_tokenizer(&tokenizer)?;
-        let demos = trajectories
-            .iter()
-            .flat_map(|t| t.actions.iter().filter(|a| a.agent == agent))
-            .take(warm.demonstrations)
-            .map(|a| encode_demonstration(&a.messages, &a.text, &tokenizer, &template))
-            .collect::<Result<Vec<_>, _>>()?;
-        let (tuned, losses) =
-            supervised_finetune(model.clone(), &demos, &warm.sft, &mut |epoch, loss| {
-                bar.set_message(format!("{role}: epoch {} loss {loss:.3}", epoch + 1));
-                bar.inc(1);
-            })?;
-        let target = &out[role];
-        save_transformer(&tuned, target, StorageDtype::F32)?;
-        for file in TOKENIZER_FILES {
-            if source.join(file).exists() {
-                std::fs::copy(source.join(file), target.join(file))
-                    .map_err(|e| TrainError::io(&target.join(file), e))?;
-            }
-        }
-        Ok(json!({ "demonstrations": demos.len(), "epoch_losses": losses }))
-    };
     let results: Vec<Result<Value, TrainError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = roles
             .iter()
             .enumerate()
-            .map(|(agent, role)| scope.spawn(move || tune_role(agent, role)))
+            .map(|(agent, role)| {
+                let (bar, trajectories, out, initial) = (&bar, &trajectories, &out, &initial);
+                scope.spawn(move || {
+                    let model = initial.get(role).ok_or_else(|| {
+                        TrainError::Config(format!("warm_start: no model for {role}"))
+                    })?;
+                    tune_role(
+                        warm,
+                        agent,
+                        model,
+                        trajectories,
+                        &out[role],
+                        &mut |epoch, loss| {
+                            bar.set_message(format!("{role}: epoch {} loss {loss:.3}", epoch + 1));
+                            bar.inc(1);
+                        },
+                    )
+                })
+            })
             .collect();
         handles
             .into_iter()

@@ -2,18 +2,19 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use super::files::{diff, snapshot};
+use super::files::{diff, snapshot, Snapshot};
 use super::{
-    landlock, Isolation, Limits, RunResult, SandboxConfig, SandboxError, Status, PRIVATE_DIR,
+    landlock, FileChange, Isolation, Limits, RunResult, SandboxConfig, SandboxError, Status,
+    PRIVATE_DIR,
 };
 
 /// Prepare this process to host runs: mark it non-dumpable, so that code
@@ -362,6 +363,55 @@ pub(super) fn run(
     code: &str,
 ) -> Result<RunResult, SandboxError> {
     let limits = &config.limits;
+    let dir = prepare_workdir(workdir, code)?;
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    // The lease is held (its lock file open) until this function returns.
+    let (lease, owner) = hand_over_workdir(config, &dir.path, root)?;
+    let uid = lease.as_ref().map(|l| l.uid);
+    // `_ruleset` owns the Landlock descriptor that `plan` names by number: it
+    // stays open until this function returns, long after the child applied it.
+    let (plan, isolation, _ruleset) = plan_child(config, &dir.path, root, uid)?;
+    let (mut child, start) = spawn(config, &dir, plan)?;
+    let pid = child.id() as libc::pid_t;
+    let (rx_out, rx_err) = read_outputs(&mut child, limits.max_output_bytes);
+
+    let sweep = || sweep_run(pid, &config.python, uid);
+    let ended = wait_run(pid, start + limits.wall_time, &sweep)?;
+    let wall_time_s = start.elapsed().as_secs_f64();
+    sweep();
+    reap_run(pid, uid);
+    drop(child);
+    let output = collect_output(rx_out, rx_err, &dir.path);
+
+    if lease.is_some() {
+        chown_tree(&dir.path, owner.uid(), owner.gid())?;
+    }
+    let after = snapshot(&dir.path)?;
+    let files = diff(&dir.before, &after);
+    Ok(run_result(
+        limits,
+        ended,
+        output,
+        wall_time_s,
+        files,
+        isolation,
+    ))
+}
+
+/// A run's working directory, made ready for the program.
+struct RunDir {
+    /// The working directory, canonical.
+    path: PathBuf,
+    /// The program's temporary directory (inside [`PRIVATE_DIR`]).
+    tmp: PathBuf,
+    /// The working directory's files before the run.
+    before: Snapshot,
+}
+
+/// Create the working directory and its private `tmp`, write the program to
+/// `PRIVATE_DIR/main.py`, and snapshot the files.
+fn prepare_workdir(workdir: &Path, code: &str) -> Result<RunDir, SandboxError> {
     std::fs::create_dir_all(workdir).map_err(|e| SandboxError::io(workdir, e))?;
     let workdir = workdir
         .canonicalize()
@@ -372,9 +422,22 @@ pub(super) fn run(
     let program = private.join("main.py");
     std::fs::write(&program, code).map_err(|e| SandboxError::io(&program, e))?;
     let before = snapshot(&workdir)?;
+    Ok(RunDir {
+        path: workdir,
+        tmp,
+        before,
+    })
+}
 
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
+/// As root: lease a uid for the run, check that it can reach Python and the
+/// working directory, kill what a crashed run left under it, and give it the
+/// working directory. Returns the lease (`None` unless root) and the working
+/// directory's metadata from before (its owner, to give it back to).
+fn hand_over_workdir(
+    config: &SandboxConfig,
+    workdir: &Path,
+    root: bool,
+) -> Result<(Option<UidLease>, std::fs::Metadata), SandboxError> {
     let lease = if root {
         Some(lease_uid(config.uid_base)?)
     } else {
@@ -382,19 +445,33 @@ pub(super) fn run(
     };
     let owner = workdir
         .metadata()
-        .map_err(|e| SandboxError::io(&workdir, e))?;
+        .map_err(|e| SandboxError::io(workdir, e))?;
     if let Some(lease) = &lease {
         check_reachable(&config.python, lease.uid, true)?;
-        check_reachable(&workdir, lease.uid, false)?;
+        check_reachable(workdir, lease.uid, false)?;
         kill_uid(&config.python, lease.uid); // leftovers of a crashed run
-        chown_tree(&workdir, lease.uid, lease.uid)?;
+        chown_tree(workdir, lease.uid, lease.uid)?;
     }
+    Ok((lease, owner))
+}
 
+/// A built Landlock ruleset: its descriptor and what it enforces.
+type Ruleset = (OwnedFd, landlock::Coverage);
+
+/// Decide the run's isolation (namespaces, Landlock, process-limit scope,
+/// uid to drop to) and prepare the [`ChildPlan`] that applies it. Returns the
+/// plan, the isolation report, and the built Landlock ruleset, whose
+/// descriptor the plan names and the caller must keep open until the spawn.
+fn plan_child(
+    config: &SandboxConfig,
+    workdir: &Path,
+    root: bool,
+    uid: Option<u32>,
+) -> Result<(ChildPlan, Isolation, Option<Ruleset>), SandboxError> {
+    let limits = &config.limits;
     let unshare_flags = namespace_flags(&config.python, root);
     let ruleset = match landlock_abi() {
-        Some(abi) => {
-            Some(landlock::build(abi, &workdir).map_err(|e| SandboxError::io(&workdir, e))?)
-        }
+        Some(abi) => Some(landlock::build(abi, workdir).map_err(|e| SandboxError::io(workdir, e))?),
         None => None,
     };
     let user_ns = unshare_flags.is_some_and(|f| f & libc::CLONE_NEWUSER != 0);
@@ -409,45 +486,61 @@ pub(super) fn run(
         network_namespace: unshare_flags.is_some(),
         tcp_blocked: ruleset.as_ref().is_some_and(|(_, c)| c.tcp_blocked),
         writes_confined: ruleset.as_ref().is_some_and(|(_, c)| c.writes_confined),
-        uid: lease.as_ref().map(|l| l.uid),
+        uid,
         process_limit_scope: scope.to_string(),
     };
-    let mib = 1024 * 1024;
     let plan = ChildPlan {
-        rlimits: [
-            (libc::RLIMIT_CPU, limits.cpu_time_s, limits.cpu_time_s + 1),
-            (
-                libc::RLIMIT_AS,
-                limits.memory_mb * mib,
-                limits.memory_mb * mib,
-            ),
-            (
-                libc::RLIMIT_FSIZE,
-                limits.max_file_mb * mib,
-                limits.max_file_mb * mib,
-            ),
-            (libc::RLIMIT_CORE, 0, 0),
-            (
-                libc::RLIMIT_NOFILE,
-                limits.max_open_files,
-                limits.max_open_files,
-            ),
-        ],
+        rlimits: rlimits(limits),
         nproc,
         unshare_flags: unshare_flags.unwrap_or(0),
         nproc_after_unshare: user_ns,
-        drop_to: lease.as_ref().map(|l| l.uid),
+        drop_to: uid,
         landlock_fd: ruleset.as_ref().map(|(fd, _)| fd.as_raw_fd()),
     };
+    Ok((plan, isolation, ruleset))
+}
 
+/// The resource limits the child sets (besides `RLIMIT_NPROC`), as
+/// (resource, soft, hard).
+fn rlimits(limits: &Limits) -> [(libc::__rlimit_resource_t, libc::rlim_t, libc::rlim_t); 5] {
+    let mib = 1024 * 1024;
+    [
+        (libc::RLIMIT_CPU, limits.cpu_time_s, limits.cpu_time_s + 1),
+        (
+            libc::RLIMIT_AS,
+            limits.memory_mb * mib,
+            limits.memory_mb * mib,
+        ),
+        (
+            libc::RLIMIT_FSIZE,
+            limits.max_file_mb * mib,
+            limits.max_file_mb * mib,
+        ),
+        (libc::RLIMIT_CORE, 0, 0),
+        (
+            libc::RLIMIT_NOFILE,
+            limits.max_open_files,
+            limits.max_open_files,
+        ),
+    ]
+}
+
+/// Start Python on the program in its own process group, with a clean
+/// environment, piped output, and `plan` applied between fork and exec.
+/// Returns the child and when it was started.
+fn spawn(
+    config: &SandboxConfig,
+    dir: &RunDir,
+    plan: ChildPlan,
+) -> Result<(Child, Instant), SandboxError> {
     let mut cmd = Command::new(&config.python);
     cmd.arg("-s")
         // Relative to the working directory, so that tracebacks do not show
         // where the run directory is (outputs stay the same wherever a run lives).
         .arg(Path::new(PRIVATE_DIR).join("main.py"))
-        .current_dir(&workdir)
+        .current_dir(&dir.path)
         .env_clear()
-        .envs(environment(&config.python, &workdir, &tmp))
+        .envs(environment(&config.python, &dir.path, &dir.tmp))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -457,26 +550,51 @@ pub(super) fn run(
         cmd.pre_exec(move || plan.apply());
     }
     let start = Instant::now();
-    let mut child = cmd.spawn().map_err(SandboxError::Spawn)?;
-    let pid = child.id() as libc::pid_t;
-    let cap = limits.max_output_bytes;
+    let child = cmd.spawn().map_err(SandboxError::Spawn)?;
+    Ok((child, start))
+}
+
+/// What a reader thread sends: the kept bytes of a pipe and its total length.
+type Captured = mpsc::Receiver<(Vec<u8>, u64)>;
+
+/// Read the child's stdout and stderr on two threads, each keeping the first
+/// `cap` bytes; the receivers get them when the pipes close.
+fn read_outputs(child: &mut Child, cap: usize) -> (Captured, Captured) {
     let (tx_out, rx_out) = mpsc::channel();
     let (tx_err, rx_err) = mpsc::channel();
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     std::thread::spawn(move || tx_out.send(read_capped(stdout, cap)));
     std::thread::spawn(move || tx_err.send(read_capped(stderr, cap)));
+    (rx_out, rx_err)
+}
 
-    let sweep = || {
-        // SAFETY: signalling the run's own process group.
-        unsafe {
-            libc::kill(-pid, libc::SIGKILL);
-        }
-        if let Some(lease) = &lease {
-            kill_uid(&config.python, lease.uid);
-        }
-    };
-    let deadline = start + limits.wall_time;
+/// Kill the run's process group and, with a leased `uid`, every process
+/// running as it.
+fn sweep_run(pid: libc::pid_t, python: &Path, uid: Option<u32>) {
+    // SAFETY: signalling the run's own process group.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+    }
+    if let Some(uid) = uid {
+        kill_uid(python, uid);
+    }
+}
+
+/// How the run's main process ended.
+struct Ended {
+    /// The wall-time limit passed (and the run was swept).
+    timed_out: bool,
+    /// The status from `wait4`.
+    wait_status: libc::c_int,
+    /// The resources it used, from `wait4`.
+    usage: libc::rusage,
+}
+
+/// Wait for the child `pid`, polling with a growing pause; past `deadline`,
+/// `sweep` the run and wait without polling. A failed wait sweeps the run
+/// and is an error.
+fn wait_run(pid: libc::pid_t, deadline: Instant, sweep: &dyn Fn()) -> Result<Ended, SandboxError> {
     let mut timed_out = false;
     let mut wait_status: libc::c_int = 0;
     // SAFETY: an all-zero rusage is valid.
@@ -505,11 +623,24 @@ pub(super) fn run(
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(20));
     }
-    let wall_time_s = start.elapsed().as_secs_f64();
-    sweep();
-    reap_run(pid, lease.as_ref().map(|l| l.uid));
-    drop(child);
+    Ok(Ended {
+        timed_out,
+        wait_status,
+        usage,
+    })
+}
 
+/// The run's output, rendered for the report.
+struct Output {
+    stdout: String,
+    stderr: String,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+}
+
+/// Collect what the reader threads captured and render it, with the working
+/// directory written as `./`.
+fn collect_output(rx_out: Captured, rx_err: Captured, workdir: &Path) -> Output {
     // Output ends when the last holder of the pipes dies; a process that left
     // the group (possible only without root) may hold them open, so wait a
     // bounded time and then report what arrived.
@@ -521,17 +652,28 @@ pub(super) fn run(
     // Python names the program by its absolute path in tracebacks; show it
     // relative to the working directory, so that an output (what a coach
     // reads and a cache key hashes) does not depend on where the run lives.
-    let (stdout, stderr) = (
-        relative_to(&stdout, &workdir),
-        relative_to(&stderr, &workdir),
-    );
-
-    if lease.is_some() {
-        chown_tree(&workdir, owner.uid(), owner.gid())?;
+    Output {
+        stdout: relative_to(&stdout, workdir),
+        stderr: relative_to(&stderr, workdir),
+        stdout_truncated,
+        stderr_truncated,
     }
-    let after = snapshot(&workdir)?;
-    let files = diff(&before, &after);
+}
 
+/// The report of a finished run.
+fn run_result(
+    limits: &Limits,
+    ended: Ended,
+    output: Output,
+    wall_time_s: f64,
+    files: Vec<FileChange>,
+    isolation: Isolation,
+) -> RunResult {
+    let Ended {
+        timed_out,
+        wait_status,
+        usage,
+    } = ended;
     let cpu_time_s = tv_secs(usage.ru_utime) + tv_secs(usage.ru_stime);
     let exited = libc::WIFEXITED(wait_status);
     let exit_code = exited.then(|| libc::WEXITSTATUS(wait_status));
@@ -542,22 +684,22 @@ pub(super) fn run(
         exit_code,
         signal,
         cpu_time_s,
-        &stderr,
-        stdout_truncated || stderr_truncated,
+        &output.stderr,
+        output.stdout_truncated || output.stderr_truncated,
     );
-    Ok(RunResult {
+    RunResult {
         status,
         exit_code,
         signal,
-        stdout,
-        stderr,
-        stdout_truncated,
-        stderr_truncated,
+        stdout: output.stdout,
+        stderr: output.stderr,
+        stdout_truncated: output.stdout_truncated,
+        stderr_truncated: output.stderr_truncated,
         wall_time_s,
         cpu_time_s,
         files,
         isolation,
-    })
+    }
 }
 
 fn tv_secs(tv: libc::timeval) -> f64 {

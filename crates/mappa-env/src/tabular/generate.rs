@@ -33,7 +33,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use mappa_core::fs::write_atomic;
-use mappa_core::SeedTree;
+use mappa_core::{RngStream, SeedTree};
 
 use super::tasks::{Metric, TabularTask, TaskKind};
 use super::TabularError;
@@ -193,7 +193,25 @@ pub fn generate_task(
     let classes = validate(spec)?;
     let tree = SeedTree::new(seed);
     let stream = |part: &str| tree.stream(&format!("tabular/{}/{part}", spec.id));
-    let mut model_rng = stream("model");
+    let model = draw_model(spec, classes, &mut stream("model"));
+    let ids = draw_ids(spec, &mut stream("ids"));
+    let mut row_rng = stream("rows");
+    let mut noise_rng = stream("noise");
+    let tables = write_rows(spec, classes, &model, &ids, &mut row_rng, &mut noise_rng);
+    let (task, prompt, optimal_score) = describe_task(dir, spec, &model);
+    write_task_files(dir, spec, &task, &prompt, &tables)?;
+    Ok(GeneratedTask {
+        task,
+        spec: spec.clone(),
+        model,
+        optimal_score,
+    })
+}
+
+/// Draws the generating model from the `model` stream: biases, then per
+/// output the feature weights, then per output the category effects (this
+/// order is part of the seed's meaning).
+fn draw_model(spec: &TaskSpec, classes: usize, model_rng: &mut RngStream) -> LinearModel {
     let outputs = classes.max(1);
     let scale = if classes == 0 { 1.0 } else { 1.5 };
     let mut draw =
@@ -210,15 +228,17 @@ pub fn generate_task(
             .map(|k| format!("class_{}", char::from(b'a' + k as u8)))
             .collect(),
     };
-    let model = LinearModel {
+    LinearModel {
         bias,
         weights,
         category_effects,
         labels,
-    };
+    }
+}
 
-    // Distinct shuffled ids.
-    let mut id_rng = stream("ids");
+/// Distinct ids in `100000..1000000`, in draw order (so not sorted), one per
+/// train and test row.
+fn draw_ids(spec: &TaskSpec, id_rng: &mut RngStream) -> Vec<u64> {
     let n = spec.n_train + spec.n_test;
     let mut seen = HashSet::with_capacity(n);
     let mut ids = Vec::with_capacity(n);
@@ -228,75 +248,130 @@ pub fn generate_task(
             ids.push(id);
         }
     }
+    ids
+}
 
-    let mut row_rng = stream("rows");
-    let mut noise_rng = stream("noise");
+/// The text of the four generated CSV files.
+struct Tables {
+    /// `train.csv`: `row_id`, features, `target`.
+    train: String,
+    /// `test.csv`: `row_id` and features.
+    test: String,
+    /// `sample_submission.csv`: `row_id` and a constant `target`.
+    sample: String,
+    /// `test_answer.csv`: `row_id`, `target`.
+    answer: String,
+}
+
+/// Draws every row (the first `n_train` ids go to training, the rest to the
+/// test set) and renders the four CSV files.
+fn write_rows(
+    spec: &TaskSpec,
+    classes: usize,
+    model: &LinearModel,
+    ids: &[u64],
+    row_rng: &mut RngStream,
+    noise_rng: &mut RngStream,
+) -> Tables {
     let mut header = String::from("row_id");
     for j in 0..spec.n_features {
         write!(header, ",f{j}").expect("writing to a String");
     }
     header.push_str(",color,aux");
-    let mut train = format!("{header},target\n");
-    let mut test = format!("{header}\n");
-    let mut sample = String::from("row_id,target\n");
-    let mut answer = String::from("row_id,target\n");
+    let mut t = Tables {
+        train: format!("{header},target\n"),
+        test: format!("{header}\n"),
+        sample: String::from("row_id,target\n"),
+        answer: String::from("row_id,target\n"),
+    };
     let placeholder = match spec.kind {
         SpecKind::Regression => "0.0".to_string(),
         _ => model.labels[0].clone(),
     };
     let mut cell = String::new();
     for (i, id) in ids.iter().enumerate() {
-        let mut line = id.to_string();
-        let mut x = Vec::with_capacity(spec.n_features);
-        for _ in 0..spec.n_features {
-            x.push(rounded(row_rng.normal(), &mut cell));
-            line.push(',');
-            line.push_str(&cell);
-        }
-        let color = CATEGORIES[row_rng.below(CATEGORIES.len() as u64) as usize];
-        let aux = row_rng.normal();
-        let aux_missing = row_rng.uniform() < AUX_MISSING_RATE;
-        line.push(',');
-        line.push_str(color);
-        line.push(',');
-        if !aux_missing {
-            rounded(aux, &mut cell);
-            line.push_str(&cell);
-        }
+        let (line, x, color) = draw_features(spec, *id, row_rng, &mut cell);
         let clean = model
             .outputs(&x, color)
             .expect("generated features fit the model");
-        let target = if classes == 0 {
-            format!("{:.6}", clean[0] + spec.noise * noise_rng.normal())
-        } else {
-            let best = (0..classes)
-                .max_by(|&a, &b| clean[a].total_cmp(&clean[b]))
-                .unwrap_or(0);
-            let flip = noise_rng.uniform() < spec.noise;
-            let other = noise_rng.below(classes as u64 - 1) as usize;
-            let label = if flip {
-                other + usize::from(other >= best)
-            } else {
-                best
-            };
-            model.labels[label].clone()
-        };
+        let target = draw_target(spec, classes, model, &clean, noise_rng);
         if i < spec.n_train {
-            writeln!(train, "{line},{target}").expect("writing to a String");
+            writeln!(t.train, "{line},{target}").expect("writing to a String");
         } else {
-            writeln!(test, "{line}").expect("writing to a String");
-            writeln!(sample, "{id},{placeholder}").expect("writing to a String");
-            writeln!(answer, "{id},{target}").expect("writing to a String");
+            writeln!(t.test, "{line}").expect("writing to a String");
+            writeln!(t.sample, "{id},{placeholder}").expect("writing to a String");
+            writeln!(t.answer, "{id},{target}").expect("writing to a String");
         }
     }
+    t
+}
 
+/// Draws one row's features from the `rows` stream (numeric features, then
+/// `color`, then `aux` and whether it is missing). Returns the CSV line
+/// without the target, the numeric features as written, and the color.
+fn draw_features(
+    spec: &TaskSpec,
+    id: u64,
+    row_rng: &mut RngStream,
+    cell: &mut String,
+) -> (String, Vec<f64>, &'static str) {
+    let mut line = id.to_string();
+    let mut x = Vec::with_capacity(spec.n_features);
+    for _ in 0..spec.n_features {
+        x.push(rounded(row_rng.normal(), cell));
+        line.push(',');
+        line.push_str(cell);
+    }
+    let color = CATEGORIES[row_rng.below(CATEGORIES.len() as u64) as usize];
+    let aux = row_rng.normal();
+    let aux_missing = row_rng.uniform() < AUX_MISSING_RATE;
+    line.push(',');
+    line.push_str(color);
+    line.push(',');
+    if !aux_missing {
+        rounded(aux, cell);
+        line.push_str(cell);
+    }
+    (line, x, color)
+}
+
+/// One row's target as written, from the model's noiseless outputs `clean`
+/// and the `noise` stream: the value plus Gaussian noise (regression), or the
+/// arg-max label, replaced with probability `noise` by another class drawn
+/// uniformly (classification; both draws are made whether or not it flips).
+fn draw_target(
+    spec: &TaskSpec,
+    classes: usize,
+    model: &LinearModel,
+    clean: &[f64],
+    noise_rng: &mut RngStream,
+) -> String {
+    if classes == 0 {
+        return format!("{:.6}", clean[0] + spec.noise * noise_rng.normal());
+    }
+    let best = (0..classes)
+        .max_by(|&a, &b| clean[a].total_cmp(&clean[b]))
+        .unwrap_or(0);
+    let flip = noise_rng.uniform() < spec.noise;
+    let other = noise_rng.below(classes as u64 - 1) as usize;
+    let label = if flip {
+        other + usize::from(other >= best)
+    } else {
+        best
+    };
+    model.labels[label].clone()
+}
+
+/// The task record for `spec` under `dir`, its prompt, and the optimal score
+/// in its metric.
+fn describe_task(dir: &Path, spec: &TaskSpec, model: &LinearModel) -> (TabularTask, String, f64) {
     let (kind, metric, optimal_score) = match spec.kind {
         SpecKind::Regression => (TaskKind::Regression, Metric::Rmse, spec.noise),
         _ => (TaskKind::Classification, Metric::Accuracy, 1.0 - spec.noise),
     };
     let task_dir = dir.join(&spec.id);
     let answer_dir = dir.join("answers").join(&spec.id);
-    let prompt = cleaned_prompt(spec, &model, metric);
+    let prompt = cleaned_prompt(spec, model, metric);
     let task = TabularTask {
         id: spec.id.clone(),
         kind,
@@ -311,19 +386,30 @@ pub fn generate_task(
         test_csv: task_dir.join("test.csv"),
         answer_csv: answer_dir.join("test_answer.csv"),
     };
+    (task, prompt, optimal_score)
+}
+
+/// Creates the task and answer directories under `dir` and writes the task's
+/// files.
+fn write_task_files(
+    dir: &Path,
+    spec: &TaskSpec,
+    task: &TabularTask,
+    prompt: &str,
+    tables: &Tables,
+) -> Result<(), TabularError> {
+    let task_dir = dir.join(&spec.id);
     create_dir(&task_dir)?;
-    create_dir(&answer_dir)?;
-    write_atomic(&task.train_csv, train.as_bytes())?;
-    write_atomic(&task.test_csv, test.as_bytes())?;
-    write_atomic(&task_dir.join("sample_submission.csv"), sample.as_bytes())?;
+    create_dir(&dir.join("answers").join(&spec.id))?;
+    write_atomic(&task.train_csv, tables.train.as_bytes())?;
+    write_atomic(&task.test_csv, tables.test.as_bytes())?;
+    write_atomic(
+        &task_dir.join("sample_submission.csv"),
+        tables.sample.as_bytes(),
+    )?;
     write_atomic(&task_dir.join("prompt.txt"), prompt.as_bytes())?;
-    write_atomic(&task.answer_csv, answer.as_bytes())?;
-    Ok(GeneratedTask {
-        task,
-        spec: spec.clone(),
-        model,
-        optimal_score,
-    })
+    write_atomic(&task.answer_csv, tables.answer.as_bytes())?;
+    Ok(())
 }
 
 fn create_dir(path: &Path) -> Result<(), TabularError> {
@@ -452,5 +538,66 @@ mod tests {
         assert_eq!(m.predict(&[2.0], "red").as_deref(), Some("0"));
         assert_eq!(m.predict(&[0.5], "red").as_deref(), Some("1"));
         assert_eq!(m.predict(&[0.5], "purple"), None);
+    }
+
+    /// Pins the generated bytes (computed before `generate_task` was split
+    /// into steps): the same seed must keep producing identical files, so any
+    /// change to the order of random draws or to the formatting shows here.
+    #[test]
+    fn generated_bytes_are_pinned() {
+        use mappa_core::hash::sha256_hex;
+        let specs = [
+            (SpecKind::Binary, 0.1, 11),
+            (SpecKind::Multiclass { classes: 5 }, 0.3, 12),
+            (SpecKind::Regression, 0.7, 13),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let mut got = Vec::new();
+        for (i, (kind, noise, seed)) in specs.into_iter().enumerate() {
+            let spec = TaskSpec {
+                id: format!("pin-{i}"),
+                kind,
+                n_train: 57,
+                n_test: 23,
+                n_features: 3,
+                noise,
+            };
+            let g = generate_task(dir.path(), &spec, seed).unwrap();
+            let task_dir = dir.path().join(&spec.id);
+            let files = [
+                g.task.train_csv.clone(),
+                g.task.test_csv.clone(),
+                task_dir.join("sample_submission.csv"),
+                task_dir.join("prompt.txt"),
+                g.task.answer_csv.clone(),
+            ];
+            for f in files {
+                got.push(sha256_hex(&std::fs::read(f).unwrap()));
+            }
+            got.push(sha256_hex(format!("{:?}", g.model).as_bytes()));
+        }
+        // Per task: train.csv, test.csv, sample_submission.csv, prompt.txt,
+        // test_answer.csv, the model's Debug text.
+        let want: [&str; 18] = [
+            "305efdc2216e4ecfe83fc51d8fb9fb54baffa8d38bdd85a06866fc37e1caccec",
+            "10b627d28d1097157f098283980a789547234192a7db65d5e52521e13dd2950d",
+            "f29bcecc64e1970601fa40c242d5ab252d241b748ffc70fd2595adf5071e8b35",
+            "b01b9456d33b8e1f4228bdaac49e0903c68c30e186cb61d81dcd1b7da14e01ed",
+            "f1fae40b184a174137a8f4aa7834171f3f47b8ef015c9034a110a4f39dbc755b",
+            "a5468108c90854264cd89bc74334a5f35456572156a364150f35297ef5ef190f",
+            "bf958594f2d175d621bcbd9abfec584c3efaabd722ef49d139fde4e7c40fdb16",
+            "d422d219ecc6fc4ccb49087fa6a5b6e30b62ba2599fc3f3b101df8080d4dfc52",
+            "3b0c5ed336c4af312fd2b7f06aedb2549824d49055bf38dea93c97e30ed7f415",
+            "b8653b1375b97d6e54d724ec4cc361781bf2e37b0032f6a60cfec1708156319b",
+            "d9a0455836a6523337944054720e32c48ca1fb24973eddbcb66fd55ee34f067f",
+            "5ee16648db6ff2fa9e2584292f815ceafb7eec9304cdf305a6ba630a78c6ab99",
+            "24788036779c23b97f1c856625090ca8626834a085dd47cb420e8a71185a07f5",
+            "2c98490923f199e66c2ff577cf7884f88c61bd2e15ff1a1f1efcdfeb89aab04c",
+            "b0d7ea7aac6032f96e3c7ca76c8b647b8f3329c883de158d94e2a3b000cf63e8",
+            "d99dfee8883f42153eec22741073f39e866a4af8048a588d0677a6a5c846954b",
+            "0c977a3d0999bd9f5dfcc106a15643f55a129c97d0b0c4dea4ec84cb11e28dcc",
+            "fed457f9e1b6aaed4af44a2a05b119d0ee39a02b142a9032dec605523fc73bbd",
+        ];
+        assert_eq!(got, want);
     }
 }

@@ -191,52 +191,11 @@ pub fn score_against(
     let target = single_target(task)?;
     let table = read_table(submission_csv)?;
     let id_col = table.column(&task.id_column)?;
-    let pred_col = match table.headers.iter().position(|h| h == target) {
-        Some(i) => i,
-        None if table.headers.len() >= 2 => usize::from(id_col == 0),
-        None => table.column(target)?,
-    };
+    let pred_col = prediction_column(&table, target, id_col)?;
     let pred_name = table.headers[pred_col].clone();
-    let mut by_id: HashMap<String, (u64, String)> = HashMap::new();
-    for (line, rec) in &table.rows {
-        let id = canonical_id(&rec[id_col]);
-        if let Some((first_line, _)) = by_id.get(&id) {
-            return Err(TabularError::DuplicateId {
-                path: table.path.clone(),
-                column: task.id_column.clone(),
-                id,
-                first_line: *first_line,
-                line: *line,
-            });
-        }
-        by_id.insert(id, (*line, rec[pred_col].to_string()));
-    }
-    let missing: Vec<&String> = key
-        .ids
-        .iter()
-        .filter(|id| !by_id.contains_key(*id))
-        .collect();
-    if !missing.is_empty() {
-        return Err(TabularError::MissingIds {
-            path: table.path.clone(),
-            count: missing.len(),
-            examples: missing.iter().take(5).map(|s| s.to_string()).collect(),
-        });
-    }
+    let by_id = predictions_by_id(task, &table, id_col, pred_col)?;
+    let preds = predictions_in_key_order(key, &table.path, &pred_name, &by_id)?;
     let extra_ids = by_id.len() - key.ids.len();
-    let preds: Vec<(u64, &str)> = key
-        .ids
-        .iter()
-        .map(|id| {
-            let (line, v) = &by_id[id];
-            (*line, v.as_str())
-        })
-        .collect();
-    for (line, v) in &preds {
-        if v.trim().is_empty() {
-            return Err(unparseable(&table.path, *line, &pred_name, v));
-        }
-    }
     let mut s = Scores {
         n_rows: key.ids.len(),
         extra_ids,
@@ -257,35 +216,127 @@ pub fn score_against(
     };
     match task.kind {
         TaskKind::Classification => classify(key, &preds, &mut s),
-        TaskKind::Regression => {
-            let mut p = Vec::with_capacity(preds.len());
-            for (line, v) in &preds {
-                let x = parse_number(&table.path, *line, &pred_name, v)?;
-                if task.metric == Metric::Rmsle && x < 0.0 {
-                    return Err(TabularError::NegativeValue {
-                        path: table.path.clone(),
-                        line: *line,
-                        column: pred_name.clone(),
-                        value: v.to_string(),
-                    });
-                }
-                p.push(x);
-            }
-            let y = &key.numbers;
-            s.rmse = Some(rmse(y, &p));
-            s.mae = Some(mae(y, &p));
-            s.medae = Some(medae(y, &p));
-            s.rmsle = rmsle(y, &p);
-            s.r2 = r2(y, &p);
-            s.smape = Some(smape(y, &p));
-            s.rmse_pct_range = key
-                .target_range()
-                .filter(|r| *r > 0.0)
-                .map(|r| 100.0 * rmse(y, &p) / r);
-        }
+        TaskKind::Regression => regress(task, key, &table.path, &pred_name, &preds, &mut s)?,
         TaskKind::Extraction => unreachable!("single_target rejects extraction tasks"),
     }
-    s.official = match task.metric {
+    s.official = official(task.metric, &s);
+    Ok(s)
+}
+
+/// The submission's prediction column: the one named like the target, else
+/// the first column other than the id column (when there are at least two),
+/// else a missing-column error naming the target.
+fn prediction_column(table: &Table, target: &str, id_col: usize) -> Result<usize, TabularError> {
+    match table.headers.iter().position(|h| h == target) {
+        Some(i) => Ok(i),
+        None if table.headers.len() >= 2 => Ok(usize::from(id_col == 0)),
+        None => table.column(target),
+    }
+}
+
+/// The submission's (line, prediction) by canonical id; a repeated id is an
+/// error naming both lines.
+fn predictions_by_id(
+    task: &TabularTask,
+    table: &Table,
+    id_col: usize,
+    pred_col: usize,
+) -> Result<HashMap<String, (u64, String)>, TabularError> {
+    let mut by_id: HashMap<String, (u64, String)> = HashMap::new();
+    for (line, rec) in &table.rows {
+        let id = canonical_id(&rec[id_col]);
+        if let Some((first_line, _)) = by_id.get(&id) {
+            return Err(TabularError::DuplicateId {
+                path: table.path.clone(),
+                column: task.id_column.clone(),
+                id,
+                first_line: *first_line,
+                line: *line,
+            });
+        }
+        by_id.insert(id, (*line, rec[pred_col].to_string()));
+    }
+    Ok(by_id)
+}
+
+/// The (line, prediction) of every answer id, in answer-file order. Errors:
+/// answer ids missing from the submission (counted, with up to 5 examples),
+/// then the first empty prediction.
+fn predictions_in_key_order<'a>(
+    key: &AnswerKey,
+    path: &Path,
+    pred_name: &str,
+    by_id: &'a HashMap<String, (u64, String)>,
+) -> Result<Vec<(u64, &'a str)>, TabularError> {
+    let missing: Vec<&String> = key
+        .ids
+        .iter()
+        .filter(|id| !by_id.contains_key(*id))
+        .collect();
+    if !missing.is_empty() {
+        return Err(TabularError::MissingIds {
+            path: path.to_path_buf(),
+            count: missing.len(),
+            examples: missing.iter().take(5).map(|s| s.to_string()).collect(),
+        });
+    }
+    let preds: Vec<(u64, &str)> = key
+        .ids
+        .iter()
+        .map(|id| {
+            let (line, v) = &by_id[id];
+            (*line, v.as_str())
+        })
+        .collect();
+    for (line, v) in &preds {
+        if v.trim().is_empty() {
+            return Err(unparseable(path, *line, pred_name, v));
+        }
+    }
+    Ok(preds)
+}
+
+/// Fills the regression fields of `s`. Errors: an unparseable prediction, or
+/// a negative one under an RMSLE metric (checked row by row, in order).
+fn regress(
+    task: &TabularTask,
+    key: &AnswerKey,
+    path: &Path,
+    pred_name: &str,
+    preds: &[(u64, &str)],
+    s: &mut Scores,
+) -> Result<(), TabularError> {
+    let mut p = Vec::with_capacity(preds.len());
+    for (line, v) in preds {
+        let x = parse_number(path, *line, pred_name, v)?;
+        if task.metric == Metric::Rmsle && x < 0.0 {
+            return Err(TabularError::NegativeValue {
+                path: path.to_path_buf(),
+                line: *line,
+                column: pred_name.to_string(),
+                value: v.to_string(),
+            });
+        }
+        p.push(x);
+    }
+    let y = &key.numbers;
+    s.rmse = Some(rmse(y, &p));
+    s.mae = Some(mae(y, &p));
+    s.medae = Some(medae(y, &p));
+    s.rmsle = rmsle(y, &p);
+    s.r2 = r2(y, &p);
+    s.smape = Some(smape(y, &p));
+    s.rmse_pct_range = key
+        .target_range()
+        .filter(|r| *r > 0.0)
+        .map(|r| 100.0 * rmse(y, &p) / r);
+    Ok(())
+}
+
+/// The task's official metric from the computed scores, when it is one
+/// computed here.
+fn official(metric: Metric, s: &Scores) -> Option<f64> {
+    match metric {
         Metric::Accuracy | Metric::F1Micro => s.accuracy,
         Metric::F1 => s.f1,
         Metric::RocAuc => s.roc_auc,
@@ -297,8 +348,7 @@ pub fn score_against(
         Metric::Smape => s.smape,
         Metric::R2 => s.r2,
         _ => None,
-    };
-    Ok(s)
+    }
 }
 
 fn classify(key: &AnswerKey, preds: &[(u64, &str)], s: &mut Scores) {

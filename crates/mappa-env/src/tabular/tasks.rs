@@ -337,13 +337,7 @@ pub fn load_tasks(
     cleaned: &Path,
     data_root: &Path,
 ) -> Result<LoadedTasks, TabularError> {
-    let cleaned_text = read_text(cleaned)?;
-    let cleaned_map: BTreeMap<String, RawCleaned> =
-        serde_json::from_str(&cleaned_text).map_err(|e| TabularError::Json {
-            path: cleaned.to_path_buf(),
-            line: e.line(),
-            message: e.to_string(),
-        })?;
+    let cleaned_map = read_cleaned(cleaned)?;
     let text = read_text(jsonl)?;
     let mut seen = HashSet::new();
     let mut out = LoadedTasks {
@@ -359,31 +353,14 @@ pub fn load_tasks(
             line: index + 1,
             message: e.to_string(),
         })?;
-        let meta = raw.metadata;
-        let task = meta.task_id.clone();
+        let task = raw.metadata.task_id.clone();
         if !seen.insert(task.clone()) {
             return Err(TabularError::DuplicateTask {
                 path: jsonl.to_path_buf(),
                 task,
             });
         }
-        if meta.task_type != "data_modeling" {
-            return Err(TabularError::UnknownTaskType {
-                task,
-                field: "metadata task_type",
-                value: meta.task_type,
-            });
-        }
-        let metadata_kind = match TaskKind::parse(&meta.data_type) {
-            Some(k @ (TaskKind::Classification | TaskKind::Regression)) => k,
-            _ => {
-                return Err(TabularError::UnknownTaskType {
-                    task,
-                    field: "metadata data_type",
-                    value: meta.data_type,
-                })
-            }
-        };
+        let metadata_kind = metadata_kind(&raw.metadata)?;
         let Some(c) = cleaned_map.get(&task) else {
             out.skipped.push(SkippedTask {
                 id: task,
@@ -392,42 +369,87 @@ pub fn load_tasks(
             });
             continue;
         };
-        let metric = Metric::parse(&c.metric).ok_or_else(|| TabularError::UnknownMetric {
-            task: task.clone(),
-            value: c.metric.clone(),
-        })?;
-        let kind = TaskKind::parse(&c.task_type).ok_or_else(|| TabularError::UnknownTaskType {
-            task: task.clone(),
-            field: "cleaned task_type",
-            value: c.task_type.clone(),
-        })?;
-        if metric.kind() != kind {
-            return Err(TabularError::KindConflict {
-                task,
-                task_type: c.task_type.clone(),
-                metric: c.metric.clone(),
-            });
-        }
-        let target_columns = match &c.target_column {
-            OneOrMany::One(s) => vec![s.clone()],
-            OneOrMany::Many(v) => v.clone(),
-        };
-        out.tasks.push(TabularTask {
-            id: task,
-            kind,
-            metadata_kind,
-            metric,
-            target_columns,
-            id_column: c.id_column.clone(),
-            cleaned_prompt: c.cleaned_prompt.clone(),
-            raw_prompt: raw.prompt,
-            url: meta.url,
-            train_csv: resolve(data_root, &meta.train_file),
-            test_csv: resolve(data_root, &meta.test_file),
-            answer_csv: resolve(data_root, &meta.answer_dir).join("test_answer.csv"),
-        });
+        out.tasks
+            .push(joined_task(raw, metadata_kind, c, data_root)?);
     }
     Ok(out)
+}
+
+/// Reads the cleaned-prompt file: task id to its cleaned entry.
+fn read_cleaned(cleaned: &Path) -> Result<BTreeMap<String, RawCleaned>, TabularError> {
+    let cleaned_text = read_text(cleaned)?;
+    serde_json::from_str(&cleaned_text).map_err(|e| TabularError::Json {
+        path: cleaned.to_path_buf(),
+        line: e.line(),
+        message: e.to_string(),
+    })
+}
+
+/// Checks a task-list entry's metadata (`task_type` must be `data_modeling`)
+/// and returns its `data_type` (classification or regression).
+fn metadata_kind(meta: &RawMeta) -> Result<TaskKind, TabularError> {
+    if meta.task_type != "data_modeling" {
+        return Err(TabularError::UnknownTaskType {
+            task: meta.task_id.clone(),
+            field: "metadata task_type",
+            value: meta.task_type.clone(),
+        });
+    }
+    match TaskKind::parse(&meta.data_type) {
+        Some(k @ (TaskKind::Classification | TaskKind::Regression)) => Ok(k),
+        _ => Err(TabularError::UnknownTaskType {
+            task: meta.task_id.clone(),
+            field: "metadata data_type",
+            value: meta.data_type.clone(),
+        }),
+    }
+}
+
+/// The task of a task-list entry joined with its cleaned entry `c`: the
+/// metric and kind come from `c` and must agree; paths are resolved against
+/// `data_root`.
+fn joined_task(
+    raw: RawEntry,
+    metadata_kind: TaskKind,
+    c: &RawCleaned,
+    data_root: &Path,
+) -> Result<TabularTask, TabularError> {
+    let meta = raw.metadata;
+    let task = meta.task_id;
+    let metric = Metric::parse(&c.metric).ok_or_else(|| TabularError::UnknownMetric {
+        task: task.clone(),
+        value: c.metric.clone(),
+    })?;
+    let kind = TaskKind::parse(&c.task_type).ok_or_else(|| TabularError::UnknownTaskType {
+        task: task.clone(),
+        field: "cleaned task_type",
+        value: c.task_type.clone(),
+    })?;
+    if metric.kind() != kind {
+        return Err(TabularError::KindConflict {
+            task,
+            task_type: c.task_type.clone(),
+            metric: c.metric.clone(),
+        });
+    }
+    let target_columns = match &c.target_column {
+        OneOrMany::One(s) => vec![s.clone()],
+        OneOrMany::Many(v) => v.clone(),
+    };
+    Ok(TabularTask {
+        id: task,
+        kind,
+        metadata_kind,
+        metric,
+        target_columns,
+        id_column: c.id_column.clone(),
+        cleaned_prompt: c.cleaned_prompt.clone(),
+        raw_prompt: raw.prompt,
+        url: meta.url,
+        train_csv: resolve(data_root, &meta.train_file),
+        test_csv: resolve(data_root, &meta.test_file),
+        answer_csv: resolve(data_root, &meta.answer_dir).join("test_answer.csv"),
+    })
 }
 
 /// Joins a metadata path to the data root, dropping `.` components.
