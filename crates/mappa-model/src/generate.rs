@@ -69,29 +69,33 @@ pub struct Generation {
 
 /// Generates one completion per prompt.
 ///
+/// `prompts` are token ids in any form that borrows as `[u32]`:
+/// `&[Vec<u32>]`, `&[&[u32]]`, `&[[u32; N]]`.
 /// `rngs` holds one stream per prompt (greedy decoding draws nothing from
-/// them). `tokenizer` decodes the text and checks stop strings; without one,
-/// `text` is empty and stop strings are an error.
+/// them: [`generate_greedy`] needs none). `tokenizer` decodes the text and
+/// checks stop strings; without one, `text` is empty and stop strings are an
+/// error.
 pub fn generate<B: ModelBackend>(
     model: &Transformer<B>,
     tokenizer: Option<&dyn Tokenizer>,
-    prompts: &[Vec<u32>],
+    prompts: &[impl AsRef<[u32]>],
     rngs: &mut [RngStream],
     config: &GenerationConfig,
 ) -> Result<Vec<Generation>> {
-    check_inputs(model, tokenizer, prompts, rngs, config)?;
+    let prompts: Vec<&[u32]> = prompts.iter().map(AsRef::as_ref).collect();
+    check_inputs(model, tokenizer, &prompts, rngs, config)?;
     let batch = prompts.len();
     if batch == 0 {
         return Ok(Vec::new());
     }
     let device = model.device();
-    let width = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let width = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
     let pad_left: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
     let mut cache = model.new_cache(batch, width + config.max_new_tokens);
 
     // Prefill: the whole left-padded prompt block.
     let mut tokens = Vec::with_capacity(batch * width);
-    for (p, &pad) in prompts.iter().zip(&pad_left) {
+    for (&p, &pad) in prompts.iter().zip(&pad_left) {
         tokens.extend(std::iter::repeat_n(0i32, pad));
         tokens.extend(p.iter().map(|&t| t as i32));
     }
@@ -195,10 +199,34 @@ fn last_logits<B: ModelBackend>(model: &Transformer<B>, hidden: Tensor<B, 3>) ->
     values.chunks(vocab).map(<[f32]>::to_vec).collect()
 }
 
+/// Greedy decoding of one completion per prompt, with no random streams.
+///
+/// The same as [`generate`] with any streams: greedy decoding draws nothing,
+/// so the result is token-for-token what `generate` returns. `config.sampling`
+/// must be greedy ([`GenerationConfig::greedy`] builds such a config; set
+/// `eos_token_ids` and, with a tokenizer, `stop_strings` on it as needed).
+pub fn generate_greedy<B: ModelBackend>(
+    model: &Transformer<B>,
+    tokenizer: Option<&dyn Tokenizer>,
+    prompts: &[impl AsRef<[u32]>],
+    config: &GenerationConfig,
+) -> Result<Vec<Generation>> {
+    if !config.sampling.is_greedy() {
+        return Err(ModelError::Input(format!(
+            "generate_greedy needs greedy sampling (temperature 0), not temperature {}: \
+             use `generate` with one random stream per prompt to sample",
+            config.sampling.temperature
+        )));
+    }
+    // Never drawn from: `choose` returns before touching the stream when greedy.
+    let mut unused: Vec<RngStream> = (0..prompts.len()).map(|_| RngStream::from_u64(0)).collect();
+    generate(model, tokenizer, prompts, &mut unused, config)
+}
+
 fn check_inputs<B: Backend>(
     model: &Transformer<B>,
     tokenizer: Option<&dyn Tokenizer>,
-    prompts: &[Vec<u32>],
+    prompts: &[&[u32]],
     rngs: &[RngStream],
     config: &GenerationConfig,
 ) -> Result<()> {

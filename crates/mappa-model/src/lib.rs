@@ -6,7 +6,7 @@
 //!   f32/f16/bf16), under HF tensor names;
 //! - [`tokenizer`] and [`chat`]: `tokenizer.json` and the chat template of
 //!   `tokenizer_config.json`;
-//! - [`generate`] with [`sampling`]: batched KV-cache generation returning the
+//! - [`generate`](mod@generate) with [`sampling`]: batched KV-cache generation returning the
 //!   log-prob of every sampled token;
 //! - [`logprobs`]: teacher-forced per-token log-probs, differentiable under an
 //!   autodiff backend, for the trainer.
@@ -18,6 +18,28 @@
 //! All model code is generic over `B: ModelBackend` (a burn `Backend` with
 //! those operations); the concrete backend is chosen by the caller
 //! ([`backend`] names the ones this crate was built with).
+//!
+//! # Two entry points
+//!
+//! - [`Model`] ([`model`]): plain Rust in and out. [`Model::load`] reads only
+//!   `config.json` and the safetensors weights (no tokenizer), onto the CPU;
+//!   [`Model::logits`] and [`Model::greedy`] take `&[u32]` ids and return
+//!   [`Logits`] and `Vec<u32>`. No tensor, tokenizer or random stream needed.
+//! - [`Checkpoint`]: the model with its tokenizer and chat template
+//!   ([`Checkpoint::load`] requires `tokenizer.json`), for text in and out via
+//!   [`generate`](generate()) (one [`RngStream`] per prompt; greedy decoding
+//!   without streams is [`generate_greedy`]) and [`completion_logprobs`].
+//!   Token ids are passed to both as any `AsRef<[u32]>` (`Vec<u32>`,
+//!   `&[u32]`, arrays).
+//!
+//! # Depending only on this crate
+//!
+//! A client needs no direct dependency on burn or mappa-core: [`burn`] is
+//! re-exported at the version and with the features this crate was built
+//! with (`mappa_model::burn::prelude::*` for tensors), the backends are
+//! named in [`backend`] ([`Cpu`] is re-exported here; GPU backends come with
+//! this crate's `cuda` and `wgpu` features), and [`RngStream`] and
+//! [`SeedTree`] (from mappa-core) are re-exported for [`generate`](generate()).
 
 #![warn(missing_docs)]
 
@@ -29,6 +51,7 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod logprobs;
+pub mod model;
 pub mod norm;
 pub mod rope;
 pub mod sampling;
@@ -36,14 +59,22 @@ pub mod tokenizer;
 pub mod transformer;
 pub mod weights;
 
+/// The burn crate this crate is built on, at its pinned version and with the
+/// features this crate enables (`std`, `flex`, `autodiff`, plus the backend
+/// features of this crate): use it instead of depending on burn directly.
+pub use burn;
+
+pub use backend::Cpu;
 pub use cache::KvCache;
 pub use chat::{ChatMessage, ChatRequest, ChatTemplate};
 pub use checkpoint::Checkpoint;
 pub use config::{Family, TransformerConfig};
 pub use error::{ModelError, Result};
-pub use generate::{generate, FinishReason, Generation, GenerationConfig};
+pub use generate::{generate, generate_greedy, FinishReason, Generation, GenerationConfig};
 pub use logprobs::{completion_logprobs, CompletionLogprobs};
+pub use mappa_core::{RngStream, SeedTree};
 pub use mappa_kernels::{self as kernels, AutodiffModelBackend, ModelBackend};
+pub use model::{Logits, Model};
 pub use sampling::SamplingConfig;
 pub use tokenizer::{HfTokenizer, Tokenizer};
 pub use transformer::Transformer;

@@ -39,11 +39,19 @@ pub struct CompletionLogprobs<B: Backend> {
 /// Computes `log p(completion_t | prompt, completion_<t)` for every
 /// completion token of every pair, at temperature `temperature` (use the
 /// sampling temperature of the rollout; 1 for greedy).
+///
+/// `pairs` are `(prompt, completion)` token ids in any form that borrows as
+/// `[u32]`, the same as [`generate`](crate::generate())'s prompts:
+/// `&[(&[u32], &[u32])]`, `&[(Vec<u32>, Vec<u32>)]`, ...
 pub fn completion_logprobs<B: ModelBackend>(
     model: &Transformer<B>,
-    pairs: &[(&[u32], &[u32])],
+    pairs: &[(impl AsRef<[u32]>, impl AsRef<[u32]>)],
     temperature: f32,
 ) -> Result<CompletionLogprobs<B>> {
+    let pairs: Vec<(&[u32], &[u32])> = pairs
+        .iter()
+        .map(|(p, c)| (p.as_ref(), c.as_ref()))
+        .collect();
     if pairs.is_empty() {
         return Err(ModelError::Input("no (prompt, completion) pairs".into()));
     }
