@@ -371,6 +371,47 @@ struct HfConfig {
     eos_token_id: Option<OneOrMany>,
 }
 
+/// Llama 3's RoPE scaling from `source` (`rope_parameters` or
+/// `rope_scaling`), its numbers read by `num`; every field is required
+/// and checked.
+fn llama3_scaling(
+    source: &str,
+    num: &dyn Fn(&str) -> Result<Option<f64>>,
+) -> Result<Llama3RopeScaling> {
+    let bad =
+        |key: &str, message: String| ModelError::config(None, &format!("{source}.{key}"), message);
+    let need = |key: &str| -> Result<f64> {
+        num(key)?.ok_or_else(|| bad(key, "is required for rope_type llama3".into()))
+    };
+    let scaling = Llama3RopeScaling {
+        factor: need("factor")?,
+        low_freq_factor: need("low_freq_factor")?,
+        high_freq_factor: need("high_freq_factor")?,
+        original_max_position_embeddings: need("original_max_position_embeddings")? as usize,
+    };
+    for (key, value) in [
+        ("factor", scaling.factor),
+        ("low_freq_factor", scaling.low_freq_factor),
+    ] {
+        if value.is_nan() || value <= 0.0 {
+            return Err(bad(key, format!("{value} must be positive")));
+        }
+    }
+    if scaling.original_max_position_embeddings == 0 {
+        return Err(bad(
+            "original_max_position_embeddings",
+            "must be at least 1".into(),
+        ));
+    }
+    if scaling.high_freq_factor.is_nan() || scaling.high_freq_factor <= scaling.low_freq_factor {
+        return Err(bad(
+            "high_freq_factor",
+            "must be greater than low_freq_factor".into(),
+        ));
+    }
+    Ok(scaling)
+}
+
 impl HfConfig {
     fn family(&self) -> Result<Family> {
         let err = |field: &str, msg: String| Err(ModelError::config(None, field, msg));
@@ -437,53 +478,7 @@ impl HfConfig {
             .unwrap_or("default");
         let llama3_scaling = match rope_type {
             "default" => None,
-            "llama3" => {
-                let need = |key: &str| -> Result<f64> {
-                    num(key)?.ok_or_else(|| {
-                        ModelError::config(
-                            None,
-                            &format!("{source}.{key}"),
-                            "is required for rope_type llama3".into(),
-                        )
-                    })
-                };
-                let scaling = Llama3RopeScaling {
-                    factor: need("factor")?,
-                    low_freq_factor: need("low_freq_factor")?,
-                    high_freq_factor: need("high_freq_factor")?,
-                    original_max_position_embeddings: need("original_max_position_embeddings")?
-                        as usize,
-                };
-                for (key, value) in [
-                    ("factor", scaling.factor),
-                    ("low_freq_factor", scaling.low_freq_factor),
-                ] {
-                    if value.is_nan() || value <= 0.0 {
-                        return Err(ModelError::config(
-                            None,
-                            &format!("{source}.{key}"),
-                            format!("{value} must be positive"),
-                        ));
-                    }
-                }
-                if scaling.original_max_position_embeddings == 0 {
-                    return Err(ModelError::config(
-                        None,
-                        &format!("{source}.original_max_position_embeddings"),
-                        "must be at least 1".into(),
-                    ));
-                }
-                if scaling.high_freq_factor.is_nan()
-                    || scaling.high_freq_factor <= scaling.low_freq_factor
-                {
-                    return Err(ModelError::config(
-                        None,
-                        &format!("{source}.high_freq_factor"),
-                        "must be greater than low_freq_factor".into(),
-                    ));
-                }
-                Some(scaling)
-            }
+            "llama3" => Some(llama3_scaling(source, &num)?),
             other => {
                 return Err(ModelError::config(
                     None,
@@ -498,9 +493,9 @@ impl HfConfig {
         })
     }
 
-    fn into_config(self) -> Result<TransformerConfig> {
+    /// Refuse the features this crate does not implement, naming the field.
+    fn check_supported(&self) -> Result<()> {
         let err = |field: &str, msg: String| Err(ModelError::config(None, field, msg));
-        let family = self.family()?;
         if let Some(act) = &self.hidden_act {
             if act != "silu" {
                 return err(
@@ -531,6 +526,13 @@ impl HfConfig {
                 );
             }
         }
+        Ok(())
+    }
+
+    fn into_config(self) -> Result<TransformerConfig> {
+        let err = |field: &str, msg: String| Err(ModelError::config(None, field, msg));
+        let family = self.family()?;
+        self.check_supported()?;
         let rope = self.rope()?;
         let num_kv_heads = self.num_key_value_heads.unwrap_or(self.num_attention_heads);
         if self.num_attention_heads == 0

@@ -116,30 +116,8 @@ pub fn generate<B: ModelBackend>(
                 next.push(0);
                 continue;
             }
-            if let Some(i) = logits[r].iter().position(|l| !l.is_finite()) {
-                return Err(ModelError::NonFinite(format!(
-                    "logit {i} of prompt {r} is {} at generation step {step}",
-                    logits[r][i]
-                )));
-            }
-            let choice = choose(&logits[r], &config.sampling, &mut rngs[r]);
-            row.push(choice.token, choice.logprob);
-            next.push(choice.token as i32);
-            if config.eos_token_ids.contains(&choice.token) {
-                row.finish = Some(FinishReason::Eos);
-            } else if let (Some(tok), false) = (tokenizer, config.stop_strings.is_empty()) {
-                let text = tok.decode(&row.token_ids, false)?;
-                if let Some(stop) = config
-                    .stop_strings
-                    .iter()
-                    .find(|s| text.contains(s.as_str()))
-                {
-                    row.finish = Some(FinishReason::Stop(stop.clone()));
-                }
-            }
-            if row.finish.is_none() && row.token_ids.len() == config.max_new_tokens {
-                row.finish = Some(FinishReason::Length);
-            }
+            let token = row.step(&logits[r], r, step, &mut rngs[r], tokenizer, config)?;
+            next.push(token as i32);
         }
         if rows.iter().all(|r| r.finish.is_some()) || step + 1 == config.max_new_tokens {
             break;
@@ -154,20 +132,7 @@ pub fn generate<B: ModelBackend>(
         logits = last_logits(model, hidden);
     }
 
-    rows.into_iter()
-        .map(|row| {
-            let text = match tokenizer {
-                Some(tok) => tok.decode(&row.token_ids, true)?,
-                None => String::new(),
-            };
-            Ok(Generation {
-                token_ids: row.token_ids,
-                logprobs: row.logprobs,
-                text,
-                finish: row.finish.unwrap_or(FinishReason::Length),
-            })
-        })
-        .collect()
+    rows.into_iter().map(|row| row.finish(tokenizer)).collect()
 }
 
 /// The state of one row during generation.
@@ -179,6 +144,58 @@ struct Row {
 }
 
 impl Row {
+    /// Choose this row's next token (row `r`, generation step `step`) from
+    /// its `logits`, and note whether it ends the row: EOS, a stop string,
+    /// or the length limit.
+    fn step(
+        &mut self,
+        logits: &[f32],
+        r: usize,
+        step: usize,
+        rng: &mut RngStream,
+        tokenizer: Option<&dyn Tokenizer>,
+        config: &GenerationConfig,
+    ) -> Result<u32> {
+        if let Some(i) = logits.iter().position(|l| !l.is_finite()) {
+            return Err(ModelError::NonFinite(format!(
+                "logit {i} of prompt {r} is {} at generation step {step}",
+                logits[i]
+            )));
+        }
+        let choice = choose(logits, &config.sampling, rng);
+        self.push(choice.token, choice.logprob);
+        if config.eos_token_ids.contains(&choice.token) {
+            self.finish = Some(FinishReason::Eos);
+        } else if let (Some(tok), false) = (tokenizer, config.stop_strings.is_empty()) {
+            let text = tok.decode(&self.token_ids, false)?;
+            if let Some(stop) = config
+                .stop_strings
+                .iter()
+                .find(|s| text.contains(s.as_str()))
+            {
+                self.finish = Some(FinishReason::Stop(stop.clone()));
+            }
+        }
+        if self.finish.is_none() && self.token_ids.len() == config.max_new_tokens {
+            self.finish = Some(FinishReason::Length);
+        }
+        Ok(choice.token)
+    }
+
+    /// The finished generation, its text decoded when there is a tokenizer.
+    fn finish(self, tokenizer: Option<&dyn Tokenizer>) -> Result<Generation> {
+        let text = match tokenizer {
+            Some(tok) => tok.decode(&self.token_ids, true)?,
+            None => String::new(),
+        };
+        Ok(Generation {
+            token_ids: self.token_ids,
+            logprobs: self.logprobs,
+            text,
+            finish: self.finish.unwrap_or(FinishReason::Length),
+        })
+    }
+
     fn push(&mut self, token: u32, logprob: f32) {
         self.token_ids.push(token);
         self.logprobs.push(logprob);
