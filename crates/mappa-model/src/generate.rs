@@ -206,14 +206,19 @@ impl Row {
 fn last_logits<B: ModelBackend>(model: &Transformer<B>, hidden: Tensor<B, 3>) -> Vec<Vec<f32>> {
     let [batch, len, h] = hidden.dims();
     let last = hidden.slice([0..batch, len - 1..len, 0..h]);
-    let logits = model.logits(last);
+    let (vocab, values) = logits_on_host(model.logits(last));
+    values.chunks(vocab).map(<[f32]>::to_vec).collect()
+}
+
+/// `[batch, len, vocab]` logits copied to the host as f32, row-major, with the vocabulary size.
+pub(crate) fn logits_on_host<B: ModelBackend>(logits: Tensor<B, 3>) -> (usize, Vec<f32>) {
     let vocab = logits.dims()[2];
     let values = logits
         .into_data()
         .convert::<f32>()
         .into_vec::<f32>()
         .expect("f32 logits");
-    values.chunks(vocab).map(<[f32]>::to_vec).collect()
+    (vocab, values)
 }
 
 /// Greedy decoding of one completion per prompt, with no random streams.

@@ -23,7 +23,7 @@ use burn::prelude::*;
 use crate::backend;
 use crate::config::TransformerConfig;
 use crate::error::{ModelError, Result};
-use crate::generate::{generate_greedy, GenerationConfig};
+use crate::generate::{generate_greedy, logits_on_host, GenerationConfig};
 use crate::kernels::ModelBackend;
 use crate::transformer::Transformer;
 use crate::weights::load_transformer;
@@ -131,13 +131,7 @@ impl<B: ModelBackend> Model<B> {
         let tokens: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
         let input =
             Tensor::<B, 2, Int>::from_data(TensorData::new(tokens, [1, ids.len()]), &self.device);
-        let logits = self.transformer.forward(input);
-        let vocab = logits.dims()[2];
-        let values = logits
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .expect("f32 logits");
+        let (vocab, values) = logits_on_host(self.transformer.forward(input));
         Ok(Logits { vocab, values })
     }
 
