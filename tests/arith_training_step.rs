@@ -9,8 +9,6 @@
 //! learner takes one REINFORCE++ step on its own actions. The step must
 //! update every agent's weights.
 
-use std::os::unix::fs::PermissionsExt;
-
 use burn::backend::Autodiff;
 use mappa_agents::{
     Policy, PolicyOutput, PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Workflow,
@@ -162,8 +160,7 @@ fn one_arith_step_trains_every_agent_on_its_own_untruncated_actions() {
         SandboxConfig::with_python(find_python(Some(&root)).expect("run `just setup-python`"));
     sandbox_config.uid_base = 1_960_300_000;
     let sandbox = Sandbox::new(sandbox_config).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let dir = mappa_env::sandbox::scratch_dir().unwrap();
     let engine = RolloutEngine::new(
         &workflow,
         policies.iter().map(|p| p as &dyn Policy).collect(),

@@ -3,7 +3,6 @@
 //! hand-offs produce a scored `submission.csv`, and the scripted coach's
 //! blame chain lands on the agent that failed to save its files.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use mappa_agents::{PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Trajectory, Workflow};
@@ -17,9 +16,7 @@ fn workspace() -> PathBuf {
 }
 
 fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    dir
+    mappa_env::sandbox::scratch_dir().unwrap()
 }
 
 const ENGINEER: &str = r#"Loading and preparing the data.

@@ -1,7 +1,6 @@
 //! A served model as a policy: the MathChat workflow against a local
 //! OpenAI-compatible server.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use mappa_agents::{Policy, RemotePolicy, RolloutEngine, TaskInput, Workflow};
@@ -35,8 +34,7 @@ fn a_served_model_runs_the_mathchat_pipeline() {
         SandboxConfig::with_python(find_python(Some(&root)).expect("run `just setup-python`"));
     sandbox_config.uid_base = 1_960_500_000;
     let sandbox = Sandbox::new(sandbox_config).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let dir = mappa_env::sandbox::scratch_dir().unwrap();
     let engine = RolloutEngine::new(
         &workflow,
         vec![&policy, &policy, &policy],

@@ -2,7 +2,6 @@
 //! sandbox and a scripted coach.
 
 use std::collections::HashMap;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -101,9 +100,7 @@ fn run(dir: &Path, problems: &[GeneratedProblem]) -> Vec<Trajectory> {
 }
 
 fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    dir
+    mappa_env::sandbox::scratch_dir().unwrap()
 }
 
 #[test]

@@ -14,8 +14,7 @@
 //! - [`report`]: `mappa report` (runs side by side) and `mappa inspect`
 //!   (one trajectory, readable).
 //! - [`coach`]: `mappa coach score`; [`sandbox`]: `mappa sandbox run`.
-//! - [`rundir`]: run directories and lock files; [`plot`]: SVG charts;
-//!   [`stats`]: summary statistics.
+//! - [`rundir`]: run directories and lock files; [`plot`]: SVG charts.
 
 #![warn(missing_docs)]
 
@@ -28,7 +27,6 @@ pub mod reproduce;
 pub mod run;
 pub mod rundir;
 pub mod sandbox;
-pub mod stats;
 pub mod study;
 
 use clap::{Parser, Subcommand};

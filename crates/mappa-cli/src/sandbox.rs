@@ -3,7 +3,6 @@
 //! the protections in force) as JSON.
 
 use anyhow::anyhow;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -72,9 +71,7 @@ fn run_file(args: &RunArgs) -> anyhow::Result<()> {
     let workdir = match &args.workdir {
         Some(dir) => dir.clone(),
         None => {
-            temp = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
-            std::fs::set_permissions(temp.path(), std::fs::Permissions::from_mode(0o711))
-                .map_err(|e| anyhow!("{}: {e}", temp.path().display()))?;
+            temp = mappa_env::sandbox::scratch_dir()?;
             temp.path().join("work")
         }
     };

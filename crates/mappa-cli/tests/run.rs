@@ -32,10 +32,7 @@ fn run_dir(runs: &Path) -> PathBuf {
 }
 
 fn scratch() -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    dir
+    mappa_env::sandbox::scratch_dir().unwrap()
 }
 
 fn weights(run: &Path) -> Vec<(String, Vec<u8>)> {

@@ -1,7 +1,6 @@
 //! `mappa sandbox run` as a user runs it, including a program that hunts for
 //! the secrets in mappa's own environment.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
@@ -15,9 +14,7 @@ fn mappa() -> Command {
 }
 
 fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    dir
+    mappa_env::sandbox::scratch_dir().unwrap()
 }
 
 fn run_json(args: &[&str], envs: &[(&str, &str)]) -> Value {

@@ -14,10 +14,7 @@ fn workspace() -> PathBuf {
 }
 
 fn scratch() -> tempfile::TempDir {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    dir
+    mappa_env::sandbox::scratch_dir().unwrap()
 }
 
 /// Run the quick study of `experiments/NAME.toml` into `runs`; returns its directory.

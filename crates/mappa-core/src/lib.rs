@@ -6,6 +6,7 @@
 //! - [`fs`]: atomic file writes (temp file + rename), so that an interrupted
 //!   write never destroys what was already on disk.
 //! - [`chat`]: the chat message agents and coaches exchange.
+//! - [`stats`]: means and standard deviations (population and sample).
 //! - [`error`]: the error type of this crate.
 
 #![warn(missing_docs)]
@@ -15,6 +16,7 @@ pub mod error;
 pub mod fs;
 pub mod hash;
 pub mod rng;
+pub mod stats;
 
 pub use error::{CoreError, Result};
 pub use rng::{RngStream, SeedTree};

@@ -6,7 +6,7 @@
 
 use std::io::ErrorKind;
 use std::net::TcpListener;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -27,8 +27,7 @@ fn config() -> SandboxConfig {
 /// A scratch directory the sandbox's unprivileged uid (when tests run as
 /// root) can traverse, and a working directory inside it.
 fn scratch() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let dir = mappa_env::sandbox::scratch_dir().unwrap();
     let work = dir.path().join("work");
     (dir, work)
 }

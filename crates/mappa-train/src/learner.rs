@@ -6,6 +6,7 @@ use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::prelude::*;
+use mappa_core::stats::mean_population_std;
 use mappa_model::AutodiffModelBackend;
 use mappa_model::{completion_logprobs, ModelBackend, Transformer};
 use serde::{Deserialize, Serialize};
@@ -192,7 +193,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                     .map(|(a, _)| *a as f64)
             })
             .collect();
-        let (advantage_mean, advantage_std) = mean_std(&valid_advantages);
+        let (advantage_mean, advantage_std) = mean_population_std(&valid_advantages);
         StepMetrics {
             agent: self.name.clone(),
             step: self.step,
@@ -312,15 +313,4 @@ fn logprobs<B: ModelBackend>(
     completion_logprobs(model, pairs, temperature as f32)
         .map(|l| l.to_vecs())
         .map_err(TrainError::from)
-}
-
-/// Mean and population standard deviation (0, 0 for no values).
-fn mean_std(values: &[f64]) -> (f64, f64) {
-    if values.is_empty() {
-        return (0.0, 0.0);
-    }
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
-    (mean, var.sqrt())
 }

@@ -6,7 +6,6 @@
 //! promises for adding a family (plus one registration line, for manifests
 //! to name it in TOML).
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -121,8 +120,7 @@ fn a_family_in_one_file_trains_end_to_end() {
     manifest.rollout.steps = 2;
     manifest.train.total_steps = 2;
     manifest.eval.every = 1;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let dir = mappa_env::sandbox::scratch_dir().unwrap();
     let run_dir = dir.path().join("run");
     let end = run::<B>(
         &manifest,

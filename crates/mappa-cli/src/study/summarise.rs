@@ -12,7 +12,7 @@ use serde::Serialize;
 use super::{ArmGroup, StudyData};
 use crate::plot::Point;
 use crate::report::RunData;
-use crate::stats::mean_std;
+use mappa_core::stats::mean_sample_std;
 
 /// One arm's numbers.
 #[derive(Debug, Clone, Serialize)]
@@ -67,7 +67,7 @@ fn average(per_seed: &[Vec<(f64, f64)>]) -> Vec<Point> {
                 .iter()
                 .map(|s| s.iter().find(|p| p.0 == step).map(|p| p.1))
                 .collect::<Option<_>>()?;
-            let (mean, std) = mean_std(&values);
+            let (mean, std) = mean_sample_std(&values);
             Some(Point { step, mean, std })
         })
         .collect()
@@ -143,7 +143,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         .iter()
         .filter_map(|e| e.first().map(|p| p.1))
         .collect();
-    let (mean, std) = mean_std(&finals);
+    let (mean, std) = mean_sample_std(&finals);
     let rewards: Vec<_> = runs
         .iter()
         .map(|r| agent_series(r, |m, a| Some(m.agent(a)?.mean_reward)))
@@ -161,7 +161,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         finals,
         mean,
         std,
-        start: mean_std(&starts).0,
+        start: mean_sample_std(&starts).0,
         curve: average(&evals),
         rollouts_to_baseline_final: None,
         reward: agent_average(&rewards),

@@ -119,6 +119,17 @@ impl SandboxConfig {
     }
 }
 
+/// A fresh temporary directory that the sandbox's run uid can traverse
+/// (mode 0711), removed when dropped: for one-off runs and tests. Run
+/// directories go below it.
+pub fn scratch_dir() -> Result<tempfile::TempDir, SandboxError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().map_err(|e| SandboxError::io(std::env::temp_dir(), e))?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+        .map_err(|e| SandboxError::io(dir.path(), e))?;
+    Ok(dir)
+}
+
 /// The Python interpreter for the sandbox, in order of preference: `$MAPPA_SANDBOX_PYTHON`;
 /// `$MAPPA_SANDBOX_VENV/bin/python`; `.venv-sandbox/bin/python` in `workspace`
 /// (or any of its ancestors); `python3` on `PATH`. Shims (pyenv, asdf) are

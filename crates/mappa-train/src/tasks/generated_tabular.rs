@@ -217,9 +217,7 @@ mod tests {
         let workflow =
             Workflow::load(&root.join("experiments/workflows/tabular-compact.toml")).unwrap();
         let sandbox = Sandbox::new(SandboxConfig::discover().unwrap()).unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let dir = mappa_env::sandbox::scratch_dir().unwrap();
         let family: GeneratedTabular =
             serde_json::from_value(serde_json::json!({ "train": 3, "eval": 0, "seed": 9 }))
                 .unwrap();
