@@ -3,18 +3,12 @@
 //! checkpoint as judge.
 
 use std::path::Path;
-use std::process::Command;
 
 use mappa_judge::testing::Reply;
 use serde_json::Value;
 
-fn mappa() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mappa"))
-}
-
-fn workspace() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-}
+mod common;
+use common::*;
 
 /// An OpenAI-compatible endpoint that scores the verifier 9 (answer correct)
 /// and every other role 7; returns the base URL.

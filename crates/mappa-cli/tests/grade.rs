@@ -1,13 +1,12 @@
 //! `mappa grade` as a user runs it: JSON lines in a file or on stdin.
 
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use serde_json::Value;
 
-fn mappa() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_mappa"))
-}
+mod common;
+use common::*;
 
 fn rows(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)

@@ -3,18 +3,11 @@
 //! stopped; `mappa reproduce aime` says what it needs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-fn mappa() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mappa"));
-    cmd.current_dir(workspace());
-    cmd
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::*;
 
 fn manifest() -> PathBuf {
     workspace().join("fixtures/manifests/tiny-arith.toml")
@@ -29,10 +22,6 @@ fn run_dir(runs: &Path) -> PathBuf {
         .collect();
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     dirs[0].clone()
-}
-
-fn scratch() -> tempfile::TempDir {
-    mappa_env::sandbox::scratch_dir().unwrap()
 }
 
 fn weights(run: &Path) -> Vec<(String, Vec<u8>)> {

@@ -1,21 +1,10 @@
 //! `mappa sandbox run` as a user runs it, including a program that hunts for
 //! the secrets in mappa's own environment.
 
-use std::path::Path;
-use std::process::Command;
-
 use serde_json::Value;
 
-fn mappa() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mappa"));
-    // Run from the workspace, where `just setup-python` puts .venv-sandbox.
-    cmd.current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."));
-    cmd
-}
-
-fn scratch() -> tempfile::TempDir {
-    mappa_env::sandbox::scratch_dir().unwrap()
-}
+mod common;
+use common::*;
 
 fn run_json(args: &[&str], envs: &[(&str, &str)]) -> Value {
     let out = mappa()

@@ -9,13 +9,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn scratch() -> tempfile::TempDir {
-    mappa_env::sandbox::scratch_dir().unwrap()
-}
+mod common;
+use common::*;
 
 /// Run the quick study of `experiments/NAME.toml` into `runs`; returns its directory.
 fn quick_study(name: &str, runs: &Path) -> PathBuf {

@@ -1,0 +1,25 @@
+//! Helpers shared by the command-line tests: the workspace, the `mappa`
+//! binary run from it, and scratch directories the sandbox can reach.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The workspace root (where `experiments/`, `fixtures/` and the sandbox's
+/// `.venv-sandbox` are).
+pub(crate) fn workspace() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// The `mappa` binary under test, run from the workspace.
+pub(crate) fn mappa() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mappa"));
+    cmd.current_dir(workspace());
+    cmd
+}
+
+/// A temporary directory the sandbox's run uid can traverse.
+pub(crate) fn scratch() -> tempfile::TempDir {
+    mappa_env::sandbox::scratch_dir().unwrap()
+}
