@@ -1,16 +1,36 @@
-//! The end-to-end run on the CPU backend, pinned by snapshots: the tiny
-//! arith manifest (fixture models as all three agents, a scripted coach,
-//! the real Python tool) for three steps. Trajectories (text), coach scores,
-//! rewards, advantages, metrics and the lock file without its volatile
-//! fields are snapshot in `snapshots/mappa-tests/`. The run is repeated to
-//! show it is deterministic, and replayed from a coach cache with no coach
-//! reachable.
+//! End-to-end runs on the CPU backend.
+//!
+//! `tiny_run_is_deterministic_and_pinned` runs
+//! `fixtures/manifests/tiny-arith-warm.toml`: the arith-compact workflow with
+//! three 0.1M-parameter byte-level models, warm-started on a scripted
+//! teacher's demonstrations (most of the test's time), then three RL steps of
+//! 4 x 2 trajectories with the real Python tool in the sandbox, a scripted
+//! coach and per-action process credit. It runs twice, side by side (the
+//! second run reuses the first's cached warm start), and the two runs' raw
+//! `metrics.jsonl` and `trajectories.jsonl` must be equal byte for byte. It
+//! asserts that the Code Executor ran code in the tool with status `ok`, that
+//! some training trajectory was a success (outcome 1), that some agent's
+//! logged loss is not zero and that every agent got a gradient. Snapshots in
+//! `snapshots/mappa-tests/`, floats rounded by [`stable`]:
+//! `tiny_run_metrics` (every metrics line: accuracies, the tool-call rate,
+//! per-agent losses, KL, gradient norms, rewards, advantages),
+//! `tiny_run_trajectory_summaries` (per trajectory its outcome; per action
+//! the role, turn, truncation, whether code ran and its tool status, the
+//! coach's score, the reward and the mean advantage; not the sampled text)
+//! and `tiny_run_lock` (the lock file without its volatile fields). Bit-exact
+//! equality across CPU kinds is `tests/determinism.rs`'s business.
+//!
+//! `replay_from_the_coach_cache_needs_no_coach` runs the tiny-arith manifest
+//! (untrained random fixture models, whose actions are cut-off random bytes:
+//! machinery only) with a fake OpenAI-compatible judge, records a coach
+//! cache, and replays the run from it with no coach reachable.
+//! `warm_start_is_trained_once_and_reused` checks the warm-start cache.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use burn::backend::Autodiff;
 use mappa_judge::cache::CacheMode;
+use mappa_judge::config::Judge;
 use mappa_judge::openai::OpenAiConfig;
 use mappa_tests::fixtures;
 use mappa_train::manifest::{lock, Manifest};
@@ -27,10 +47,12 @@ fn manifest() -> Manifest {
     Manifest::load(&fixtures().join("manifests/tiny-arith.toml")).unwrap()
 }
 
+fn warm_manifest() -> Manifest {
+    Manifest::load(&fixtures().join("manifests/tiny-arith-warm.toml")).unwrap()
+}
+
 fn scratch() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    dir
+    mappa_env::sandbox::scratch_dir().unwrap()
 }
 
 /// Floats rounded to 5 significant digits (and below 1e-6 to 0: such values
@@ -77,20 +99,111 @@ fn run_in(dir: &Path, manifest: &Manifest, options: &RunOptions) -> (Vec<Value>,
     )
 }
 
+/// The raw `metrics.jsonl` and `trajectories.jsonl` of a run, unrounded.
+fn run_raw(dir: &Path, manifest: &Manifest) -> (String, String) {
+    run::<B>(manifest, dir, &RunOptions::default(), &Default::default()).unwrap();
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+    (read("metrics.jsonl"), read("trajectories.jsonl"))
+}
+
+fn lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// What a reviewer can judge of a trajectory, without its sampled text: a
+/// line with its outcome, then a line per action with who acted, whether the
+/// text was cut off, whether code ran in the tool and how it ended, and the
+/// coach's score with the reward and mean advantage it became. Floats
+/// rounded by [`stable`].
+fn summary(trajectory: &Value, repo: &str) -> String {
+    let line = |value: Value| serde_json::to_string(&stable(value, repo)).unwrap();
+    let mut text = line(serde_json::json!({
+        "step": trajectory["step"],
+        "task_id": trajectory["task_id"],
+        "sample": trajectory["sample"],
+        "outcome": trajectory["outcome"],
+    }));
+    for a in trajectory["actions"].as_array().unwrap() {
+        text.push_str("\n  ");
+        text.push_str(&line(serde_json::json!({
+            "role": a["role"],
+            "turn": a["turn"],
+            "truncated": a["truncated"],
+            "code_ran": a["code"].is_string(),
+            "tool_status": a["tool_status"],
+            "score": a["score"],
+            "reward": a["reward"],
+            "advantage_mean": a["advantage_mean"],
+        })));
+    }
+    text
+}
+
 #[test]
 fn tiny_run_is_deterministic_and_pinned() {
-    let manifest = manifest();
-    let (a, b) = (scratch(), scratch());
-    let first = run_in(a.path(), &manifest, &RunOptions::default());
-    let second = run_in(b.path(), &manifest, &RunOptions::default());
-    assert_eq!(first, second, "the same manifest gives the same run");
-    assert_eq!(first.1.len(), 3 * 2 * 2, "3 steps x 2 prompts x 2 samples");
+    let manifest = warm_manifest();
+    // Both runs beside each other: the warm start (most of the time) is
+    // trained by the first and reused from `.warm-start/` by the second.
+    let runs = scratch();
+    let first = run_raw(&runs.path().join("a"), &manifest);
+    let second = run_raw(&runs.path().join("b"), &manifest);
+    // Bit-exact: the files themselves, before any rounding.
+    assert!(
+        first == second,
+        "the same manifest gives the same run, bit for bit"
+    );
 
+    let metrics = lines(&first.0);
+    let trajectories = lines(&first.1);
+    let rollout = &manifest.rollout;
+    assert_eq!(
+        trajectories.len(),
+        rollout.steps * rollout.prompts_per_step * rollout.samples_per_prompt
+    );
+    let actions = || {
+        trajectories
+            .iter()
+            .flat_map(|t| t["actions"].as_array().unwrap())
+    };
+    let tool_calls = actions()
+        .filter(|a| {
+            a["role"] == "code_executor" && a["code"].is_string() && a["tool_status"] == "ok"
+        })
+        .count();
+    assert!(
+        tool_calls > 0,
+        "the Code Executor ran code in the Python tool"
+    );
+    let successes = trajectories.iter().filter(|t| t["outcome"] == 1.0).count();
+    assert!(successes > 0, "some training trajectory solved its problem");
+    let agent_lines = || {
+        metrics
+            .iter()
+            .filter(|m| m["kind"] == "train")
+            .flat_map(|m| m["agents"].as_array().unwrap())
+    };
+    // Float noise around a centred advantage is ~1e-7; the KL term is larger.
+    assert!(
+        agent_lines().any(|a| a["loss"].as_f64().unwrap().abs() > 1e-5),
+        "some agent's loss is not zero"
+    );
+    for role in ["problem_solver", "code_executor", "verifier"] {
+        assert!(
+            agent_lines().any(|a| a["agent"] == role && a["grad_norm"].as_f64().unwrap() > 0.0),
+            "{role} got a gradient"
+        );
+    }
+
+    let repo = root().display().to_string();
+    let metrics: Vec<Value> = metrics.into_iter().map(|m| stable(m, &repo)).collect();
+    let summaries: Vec<String> = trajectories.iter().map(|t| summary(t, &repo)).collect();
     let mut lock = lock(&manifest, manifest.resolve().unwrap(), &root());
     let object = lock.as_object_mut().unwrap();
     object.remove("code");
     object.remove("machine");
-    let lock = stable(lock, &root().display().to_string());
+    let lock = stable(lock, &repo);
 
     let mut settings = insta::Settings::clone_current();
     settings.set_snapshot_path(concat!(
@@ -99,8 +212,8 @@ fn tiny_run_is_deterministic_and_pinned() {
     ));
     settings.set_prepend_module_to_snapshot(false);
     settings.bind(|| {
-        insta::assert_json_snapshot!("tiny_run_metrics", first.0);
-        insta::assert_json_snapshot!("tiny_run_trajectories", first.1);
+        insta::assert_json_snapshot!("tiny_run_metrics", metrics);
+        insta::assert_snapshot!("tiny_run_trajectory_summaries", summaries.join("\n"));
         insta::assert_json_snapshot!("tiny_run_lock", lock);
     });
 }
@@ -120,26 +233,28 @@ fn fake_judge() -> String {
 fn replay_from_the_coach_cache_needs_no_coach() {
     let dir = scratch();
     let mut manifest = manifest();
-    manifest.coach.scripted = None;
     manifest.coach.cache = Some(dir.path().join("coach-cache.sqlite"));
     manifest.coach.cache_mode = CacheMode::ReadWrite;
-    manifest.coach.openai = Some(OpenAiConfig {
-        base_url: fake_judge(),
-        model: "fake-judge".into(),
-        api_key_env: None,
-        timeout_s: 10.0,
-        max_attempts: 2,
-        initial_backoff_s: 0.01,
-        max_backoff_s: 0.1,
-        requests_per_minute: None,
-        usd_per_million_prompt_tokens: 0.0,
-        usd_per_million_completion_tokens: 0.0,
-        seed: 0,
-    });
+    let judge = |base_url: String| {
+        Judge::OpenAi(OpenAiConfig {
+            base_url,
+            model: "fake-judge".into(),
+            api_key_env: None,
+            timeout_s: 10.0,
+            max_attempts: 2,
+            initial_backoff_s: 0.01,
+            max_backoff_s: 0.1,
+            requests_per_minute: None,
+            usd_per_million_prompt_tokens: 0.0,
+            usd_per_million_completion_tokens: 0.0,
+            seed: 0,
+        })
+    };
+    manifest.coach.judge = judge(fake_judge());
     let (recorded_dir, replayed_dir) = (dir.path().join("recorded"), dir.path().join("replayed"));
     let recorded = run_in(&recorded_dir, &manifest, &RunOptions::default());
     // Nothing listens on port 9: every coach call must be a cache hit.
-    manifest.coach.openai.as_mut().unwrap().base_url = "http://127.0.0.1:9/v1".into();
+    manifest.coach.judge = judge("http://127.0.0.1:9/v1".into());
     let replayed = run_in(
         &replayed_dir,
         &manifest,
