@@ -1,5 +1,6 @@
-//! `COACH.toml`: which coach, its rubric, cache and settings. API keys are
-//! named (`api_key_env`), never written here.
+//! A coach configuration (a `COACH.toml` file, or a manifest's `[coach]`;
+//! its schema for users: docs/COACH.md): which coach, its rubric, cache and
+//! settings. API keys are named (`api_key_env`), never written here.
 //!
 //! ```toml
 //! domain = "mathchat"            # or "dsbench"

@@ -15,7 +15,8 @@
 //!   known solution; their names and outputs say "scripted".
 //! - [`cache`]: the SQLite record/replay cache.
 //! - `testing` (feature `testing`): a local OpenAI-compatible server for tests.
-//! - [`config`]: `COACH.toml`, as read by `mappa coach score`.
+//! - [`config`]: the coach configuration (a `COACH.toml` for `mappa coach
+//!   score`, or a manifest's `[coach]`; docs/COACH.md).
 
 #![warn(missing_docs)]
 
