@@ -85,11 +85,14 @@ fn score(args: &ScoreArgs) -> anyhow::Result<()> {
     let coach = config.build()?;
     let actions = read_actions(args)?;
 
-    let mut out: Box<dyn Write> = match &args.output {
-        Some(path) => {
-            Box::new(std::fs::File::create(path).map_err(|e| anyhow!("{}: {e}", path.display()))?)
-        }
-        None => Box::new(std::io::stdout().lock()),
+    // Into a file: all or nothing (written whole at the end, through a
+    // temporary file and a rename), so a failed run (a replay miss, a
+    // refused request) leaves the previous file or none. To stdout: as it comes.
+    let mut buffered = Vec::new();
+    let mut stdout = std::io::stdout().lock();
+    let out: &mut dyn Write = match &args.output {
+        Some(_) => &mut buffered,
+        None => &mut stdout,
     };
     let progress = mappa_train::progress::bar(
         actions.len(),
@@ -108,6 +111,9 @@ fn score(args: &ScoreArgs) -> anyhow::Result<()> {
         progress.inc(chunk.len() as u64);
     }
     out.flush().map_err(|e| anyhow!("writing scores: {e}"))?;
+    if let Some(path) = &args.output {
+        mappa_core::fs::write_atomic(path, &buffered)?;
+    }
     progress.finish_and_clear();
 
     let report = coach.report();

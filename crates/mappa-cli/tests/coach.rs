@@ -213,3 +213,90 @@ fn bad_input_lines_are_named() {
         "{stderr}"
     );
 }
+
+/// A replay that misses stops with an error and leaves the output file as
+/// it was (all or nothing), and replaying needs no API key.
+#[test]
+fn a_failed_replay_leaves_the_previous_output_and_needs_no_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = serve();
+    let config = |mode: &str| {
+        let path = dir.path().join(format!("coach-{mode}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "domain = \"mathchat\"\ncache = \"cache.sqlite\"\ncache_mode = \"{mode}\"\n\n[openai]\nbase_url = \"{url}\"\nmodel = \"local-judge\"\napi_key_env = \"MAPPA_TEST_KEY_THAT_IS_NEVER_SET\"\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let input = actions_file(dir.path());
+    // Record the first action only (the key is needed to send requests).
+    let first = dir.path().join("first.jsonl");
+    std::fs::write(
+        &first,
+        std::fs::read_to_string(&input)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let out = mappa()
+        .env("MAPPA_TEST_KEY_THAT_IS_NEVER_SET", "sk-test")
+        .args(["coach", "score", "--config"])
+        .arg(config("read-write"))
+        .arg("--input")
+        .arg(&first)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Replay both, one per batch, into a file that already exists: the
+    // second misses, and the file keeps what it held.
+    let output = dir.path().join("scores.jsonl");
+    std::fs::write(&output, "previous\n").unwrap();
+    let out = mappa()
+        .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
+        .args(["coach", "score", "--batch", "1", "--config"])
+        .arg(config("replay"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("replay"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("is not set"),
+        "replay asked for the key: {stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "previous\n");
+    // The recorded action alone replays, without the key, into the file.
+    let out = mappa()
+        .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
+        .args(["coach", "score", "--config"])
+        .arg(config("replay"))
+        .arg("--input")
+        .arg(&first)
+        .arg("--output")
+        .arg(&output)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&output).unwrap();
+    assert_eq!(rows(text.as_bytes()).len(), 1, "{text}");
+    assert_eq!(rows(text.as_bytes())[0]["score"]["cached"], true);
+}

@@ -175,7 +175,10 @@ impl CoachConfig {
             Judge::Scripted(scripted) => Ok(Box::new(ScriptedCoach::new(scripted.clone())?)),
             Judge::OpenAi(openai) => {
                 let (rubrics, cache) = self.rubrics_and_cache()?;
-                let backend = OpenAiBackend::new(openai.clone())?;
+                let backend = match self.cache_mode {
+                    CacheMode::Replay => OpenAiBackend::for_replay(openai.clone())?,
+                    _ => OpenAiBackend::new(openai.clone())?,
+                };
                 let name = format!("openai:{}", openai.model);
                 Ok(Box::new(LlmCoach::new(
                     name,

@@ -108,8 +108,9 @@ pub struct ActionScore {
     pub rationale: String,
     /// Whether the configured fallback score was used.
     pub fallback: bool,
-    /// Why, when `fallback`: `"format"` (no score after the re-prompt) or
-    /// `"request-failed: ..."`.
+    /// Why, when `fallback`: `"format"` (no score after the re-prompt: the
+    /// coach's answer) or `"request-failed after N attempts: ..."` (no
+    /// answer at all; never cached).
     #[serde(default)]
     pub fallback_reason: Option<String>,
     /// `ANSWER_CORRECT`, when the coach was asked for it.
@@ -128,6 +129,16 @@ pub struct ActionScore {
 }
 
 impl ActionScore {
+    /// Whether the fallback score stands in for a coach that never answered
+    /// (its requests failed), rather than for a malformed answer.
+    pub fn request_failed(&self) -> bool {
+        self.fallback
+            && self
+                .fallback_reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("request-failed"))
+    }
+
     /// The reward the trainer uses: `score / 10`, in [0, 1].
     pub fn reward(&self) -> f64 {
         self.score / 10.0

@@ -190,7 +190,9 @@ impl<C: ChatBackend> LlmCoach<C> {
             c.fallbacks += score.fallback as u64;
             c.reprompts += reprompted as u64;
         });
-        if let Some(cache) = &self.cache {
+        // Only the coach's answers are recorded: a request that failed is
+        // asked again next time, never replayed as if the coach had said it.
+        if let (Some(cache), false) = (&self.cache, score.request_failed()) {
             cache.put(
                 &key,
                 &self.backend.model_id(),

@@ -100,6 +100,16 @@ impl std::fmt::Debug for OpenAiBackend {
 impl OpenAiBackend {
     /// A client; reads the API key from the named environment variable.
     pub fn new(config: OpenAiConfig) -> Result<Self, CoachError> {
+        Self::build(config, true)
+    }
+
+    /// A client for replaying a cache: it sends no request (a replay miss is
+    /// an error before any), so it reads no API key and needs none.
+    pub fn for_replay(config: OpenAiConfig) -> Result<Self, CoachError> {
+        Self::build(config, false)
+    }
+
+    fn build(config: OpenAiConfig, read_key: bool) -> Result<Self, CoachError> {
         let bad = |field: &str, expected: &str| {
             CoachError::Config(format!("openai.{field}: expected {expected}"))
         };
@@ -122,7 +132,7 @@ impl OpenAiBackend {
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(bad("base_url", "an http:// or https:// URL"));
         }
-        let api_key = match &config.api_key_env {
+        let api_key = match config.api_key_env.as_ref().filter(|_| read_key) {
             Some(var) => match std::env::var(var) {
                 Ok(key) if !key.is_empty() => Some(key),
                 _ => {

@@ -212,10 +212,13 @@ fn replay_reproduces_a_recorded_batch_without_network_and_no_file_holds_the_key(
     };
     let requests = server.total();
 
-    // Replay against an address where nothing listens: every score must come from the cache.
+    // Replay against an address where nothing listens: every score must come
+    // from the cache. The failed request (`server-error`) was never the
+    // coach's answer, so it was not recorded: it misses.
     let cache = CoachCache::open(&cache_path, CacheMode::Replay).unwrap();
     let replayer = coach("http://127.0.0.1:9/v1", Some(cache));
-    let replayed = replayer.score_batch(&actions).unwrap();
+    let answered = &actions[..3];
+    let replayed = replayer.score_batch(answered).unwrap();
     assert_eq!(server.total(), requests);
     for (a, b) in recorded.iter().zip(&replayed) {
         assert!(b.cached);
@@ -224,12 +227,17 @@ fn replay_reproduces_a_recorded_batch_without_network_and_no_file_holds_the_key(
             (b.score, b.fallback, &b.raw_response, &b.rationale)
         );
     }
-    assert_eq!(replayer.report().roles["code_executor"].cache_hits, 3);
+    assert_eq!(replayer.report().roles["code_executor"].cache_hits, 2);
     assert_eq!(
         replayer.report().total_fallbacks(),
-        2,
-        "recorded fallbacks replay as fallbacks"
+        1,
+        "the malformed answer (the coach's) replays as a fallback"
     );
+    assert!(recorded[3].request_failed());
+    assert!(matches!(
+        replayer.score_one(&actions[3]),
+        Err(CoachError::ReplayMiss { .. })
+    ));
 
     let mut unseen = action("r9", "good", "problem_solver");
     unseen.output = "a different output".into();
@@ -248,6 +256,51 @@ fn replay_reproduces_a_recorded_batch_without_network_and_no_file_holds_the_key(
         !files_containing(dir.path(), b"PROCESS_SCORE").is_empty(),
         "the search can find what is there"
     );
+}
+
+/// A coach that could not be reached leaves nothing in the cache: the next
+/// run asks again instead of replaying the fallback as the coach's score.
+#[test]
+fn failed_requests_are_not_cached_and_are_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache_path = dir.path().join("coach-cache.sqlite");
+    let server = FakeServer::start();
+    let actions = vec![
+        action("f0", "good", "problem_solver"),
+        action("f1", "server-error", "problem_solver"),
+    ];
+    for run in 1..=2 {
+        let cache = CoachCache::open(&cache_path, CacheMode::ReadWrite).unwrap();
+        let scores = coach(&server.base_url, Some(cache))
+            .score_batch(&actions)
+            .unwrap();
+        assert_eq!(scores[0].cached, run == 2, "the answer is cached");
+        assert!(scores[1].request_failed() && !scores[1].cached);
+        assert_eq!(server.count("good"), 1, "run {run}");
+        assert_eq!(
+            server.count("server-error"),
+            3 * run,
+            "run {run}: asked again"
+        );
+    }
+}
+
+/// Replaying needs no API key: no request is sent.
+#[test]
+fn replay_needs_no_api_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache_path = dir.path().join("coach-cache.sqlite");
+    drop(CoachCache::open(&cache_path, CacheMode::ReadWrite).unwrap());
+    let mut config: mappa_judge::config::CoachConfig = toml::from_str(&format!(
+        "domain = \"mathchat\"\ncache = {cache_path:?}\ncache_mode = \"replay\"\n\
+         [openai]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n\
+         api_key_env = \"MAPPA_TEST_KEY_THAT_IS_NEVER_SET\"\n"
+    ))
+    .unwrap();
+    assert!(config.build().is_ok(), "replay built without the key");
+    config.cache_mode = CacheMode::ReadWrite;
+    let e = config.build().err().unwrap().to_string();
+    assert!(e.contains("MAPPA_TEST_KEY_THAT_IS_NEVER_SET"), "{e}");
 }
 
 #[test]
