@@ -58,19 +58,14 @@ fn scores_actions_against_a_local_openai_compatible_server() {
     .unwrap();
     let input = actions_file(dir.path());
     let report = dir.path().join("report.json");
-    let out = mappa()
-        .args(["coach", "score", "--config"])
-        .arg(&config)
-        .arg("--input")
-        .arg(&input)
-        .arg("--report")
-        .arg(&report)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        mappa()
+            .args(["coach", "score", "--config"])
+            .arg(&config)
+            .arg("--input")
+            .arg(&input)
+            .arg("--report")
+            .arg(&report),
     );
     let scores = rows(&out.stdout);
     assert_eq!(scores.len(), 2);
@@ -98,17 +93,12 @@ fn scripted_coach_says_so() {
     std::fs::write(&config, "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[scripted]\nstrength = \"strong\"\nseed = 3\n")
         .unwrap();
     let input = actions_file(dir.path());
-    let out = mappa()
-        .args(["coach", "score", "--config"])
-        .arg(&config)
-        .arg("--input")
-        .arg(&input)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        mappa()
+            .args(["coach", "score", "--config"])
+            .arg(&config)
+            .arg("--input")
+            .arg(&input),
     );
     let scores = rows(&out.stdout);
     for s in &scores {
@@ -139,17 +129,12 @@ fn local_checkpoint_as_judge_is_deterministic_and_counts_fallbacks() {
     .unwrap();
     let input = actions_file(dir.path());
     let run = || {
-        let out = mappa()
-            .args(["coach", "score", "--config"])
-            .arg(&config)
-            .arg("--input")
-            .arg(&input)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = succeeds(
+            mappa()
+                .args(["coach", "score", "--config"])
+                .arg(&config)
+                .arg("--input")
+                .arg(&input),
         );
         (
             rows(&out.stdout),
@@ -243,18 +228,13 @@ fn a_failed_replay_leaves_the_previous_output_and_needs_no_key() {
             .unwrap(),
     )
     .unwrap();
-    let out = mappa()
-        .env("MAPPA_TEST_KEY_THAT_IS_NEVER_SET", "sk-test")
-        .args(["coach", "score", "--config"])
-        .arg(config("read-write"))
-        .arg("--input")
-        .arg(&first)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        mappa()
+            .env("MAPPA_TEST_KEY_THAT_IS_NEVER_SET", "sk-test")
+            .args(["coach", "score", "--config"])
+            .arg(config("read-write"))
+            .arg("--input")
+            .arg(&first),
     );
     // Replay both, one per batch, into a file that already exists: the
     // second misses, and the file keeps what it held.
@@ -281,20 +261,15 @@ fn a_failed_replay_leaves_the_previous_output_and_needs_no_key() {
     );
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "previous\n");
     // The recorded action alone replays, without the key, into the file.
-    let out = mappa()
-        .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
-        .args(["coach", "score", "--config"])
-        .arg(config("replay"))
-        .arg("--input")
-        .arg(&first)
-        .arg("--output")
-        .arg(&output)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        mappa()
+            .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
+            .args(["coach", "score", "--config"])
+            .arg(config("replay"))
+            .arg("--input")
+            .arg(&first)
+            .arg("--output")
+            .arg(&output),
     );
     let text = std::fs::read_to_string(&output).unwrap();
     assert_eq!(rows(text.as_bytes()).len(), 1, "{text}");

@@ -49,17 +49,12 @@ fn checkpoint_step(run: &Path) -> Option<u64> {
 #[test]
 fn a_run_killed_mid_way_resumes_to_identical_weights() {
     let straight = scratch();
-    let out = mappa()
-        .arg("run")
-        .arg(manifest())
-        .arg("--runs-dir")
-        .arg(straight.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        mappa()
+            .arg("run")
+            .arg(manifest())
+            .arg("--runs-dir")
+            .arg(straight.path()),
     );
     let straight_run = run_dir(straight.path());
     assert!(straight_run.join("manifest.lock.json").exists());
@@ -95,18 +90,7 @@ fn a_run_killed_mid_way_resumes_to_identical_weights() {
         at_kill < 3,
         "the run finished before it was killed (checkpoint at step {at_kill})"
     );
-    let out = mappa()
-        .arg("run")
-        .arg(manifest())
-        .arg("--resume")
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeds(mappa().arg("run").arg(manifest()).arg("--resume").arg(&run));
     assert_eq!(checkpoint_step(&run), Some(3));
     assert!(
         weights(&straight_run) == weights(&run),
@@ -118,15 +102,10 @@ fn a_run_killed_mid_way_resumes_to_identical_weights() {
 
 #[test]
 fn reproduce_aime_plans_and_names_what_is_missing() {
-    let out = mappa()
-        .args(["reproduce", "aime", "--dry-run"])
-        .env_remove("GEMINI_API_KEY")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = succeeds(
+        mappa()
+            .args(["reproduce", "aime", "--dry-run"])
+            .env_remove("GEMINI_API_KEY"),
     );
     let plan = String::from_utf8_lossy(&out.stdout);
     for needle in [
@@ -203,17 +182,12 @@ fn manifest_errors_name_the_key_or_file() {
 #[test]
 fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
     let runs = scratch();
-    let out = mappa()
-        .arg("ablate")
-        .arg(manifest())
-        .args(["--credit", "process,outcome", "--seeds", "1", "--runs-dir"])
-        .arg(runs.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        mappa()
+            .arg("ablate")
+            .arg(manifest())
+            .args(["--credit", "process,outcome", "--seeds", "1", "--runs-dir"])
+            .arg(runs.path()),
     );
     let study = runs.path().join("tiny-arith-ablate-study");
     let text = std::fs::read_to_string(study.join("report.md")).unwrap();
@@ -238,17 +212,12 @@ fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
         .collect();
     assert_eq!(run_dirs.len(), 2, "{run_dirs:?}");
     let report = runs.path().join("report");
-    let out = mappa()
-        .arg("report")
-        .args(&run_dirs)
-        .arg("--out")
-        .arg(&report)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        mappa()
+            .arg("report")
+            .args(&run_dirs)
+            .arg("--out")
+            .arg(&report),
     );
     for plot in [
         "accuracy.svg",
@@ -292,18 +261,7 @@ fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
         .output()
         .unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("out of range"));
-    let out = mappa()
-        .arg("eval")
-        .arg(manifest())
-        .arg("--run")
-        .arg(&run)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeds(mappa().arg("eval").arg(manifest()).arg("--run").arg(&run));
     let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(line["kind"], "eval");
     assert_eq!(line["step"], 3, "the checkpoint after three steps");
@@ -313,17 +271,12 @@ fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
 #[test]
 fn the_dsbench_pipeline_runs_end_to_end_on_generated_tasks() {
     let runs = scratch();
-    let out = mappa()
-        .arg("run")
-        .arg(workspace().join("fixtures/manifests/tiny-tabular.toml"))
-        .arg("--runs-dir")
-        .arg(runs.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        mappa()
+            .arg("run")
+            .arg(workspace().join("fixtures/manifests/tiny-tabular.toml"))
+            .arg("--runs-dir")
+            .arg(runs.path()),
     );
     let run = run_dir(runs.path());
     let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// The workspace root (where `experiments/`, `fixtures/` and the sandbox's
 /// `.venv-sandbox` are).
@@ -22,4 +22,15 @@ pub(crate) fn mappa() -> Command {
 /// A temporary directory the sandbox's run uid can traverse.
 pub(crate) fn scratch() -> tempfile::TempDir {
     mappa_env::sandbox::scratch_dir().unwrap()
+}
+
+/// Run `cmd` and check it succeeded (its stderr in the failure message).
+pub(crate) fn succeeds(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
