@@ -3,13 +3,15 @@
 //! scripted) and write one JSON line per action. The same code path as the
 //! training pipelines; use it to try a rubric or a coach model without
 //! training. A summary (scores, fallbacks per role, tokens, cost) goes to
-//! stderr, and with `--report` to a JSON file.
+//! stderr, and with `--report` to a JSON file. Input and output formats,
+//! and the configuration: README.md ("The coach").
 
 use anyhow::anyhow;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use mappa_judge::cache::CacheMode;
 use mappa_judge::config::CoachConfig;
 use mappa_judge::ActionContext;
 use serde_json::json;
@@ -24,9 +26,13 @@ pub enum CoachCommand {
 /// Arguments of `mappa coach score`.
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
-    /// The coach configuration (TOML; schema in docs/COACH.md).
+    /// The coach configuration (TOML; schema in README.md, "The coach").
     #[arg(long)]
     config: PathBuf,
+    /// Use the cache this way instead of the configuration's `cache_mode`
+    /// (`replay`: cached answers only, no request, no API key needed).
+    #[arg(long, value_enum)]
+    cache_mode: Option<CacheModeArg>,
     /// Action contexts, one JSON object per line (`-` for standard input).
     #[arg(long)]
     input: PathBuf,
@@ -39,6 +45,27 @@ pub struct ScoreArgs {
     /// Actions sent to the coach per batch.
     #[arg(long, default_value_t = 64)]
     batch: usize,
+}
+
+/// `--cache-mode` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum CacheModeArg {
+    /// No cache: every action is asked.
+    Off,
+    /// Cached answers are used, the others asked and stored.
+    ReadWrite,
+    /// Cached answers only; a miss is an error.
+    Replay,
+}
+
+impl From<CacheModeArg> for CacheMode {
+    fn from(mode: CacheModeArg) -> Self {
+        match mode {
+            CacheModeArg::Off => CacheMode::Off,
+            CacheModeArg::ReadWrite => CacheMode::ReadWrite,
+            CacheModeArg::Replay => CacheMode::Replay,
+        }
+    }
 }
 
 /// Runs `mappa coach ...`.
@@ -81,7 +108,10 @@ fn score(args: &ScoreArgs) -> anyhow::Result<()> {
     if args.batch == 0 {
         return Err(anyhow!("--batch 0: expected at least 1"));
     }
-    let config = CoachConfig::load(&args.config)?;
+    let mut config = CoachConfig::load(&args.config)?;
+    if let Some(mode) = args.cache_mode {
+        config.cache_mode = mode.into();
+    }
     let coach = config.build()?;
     let actions = read_actions(args)?;
 
@@ -100,11 +130,14 @@ fn score(args: &ScoreArgs) -> anyhow::Result<()> {
         true,
     );
     progress.set_message(format!("scoring with {}", coach.name()));
-    let mut total = 0.0;
+    let (mut answered, mut total) = (0usize, 0.0);
     for chunk in actions.chunks(args.batch) {
         let scores = coach.score_batch(chunk)?;
         for (action, score) in chunk.iter().zip(&scores) {
-            total += score.score;
+            if !score.fallback {
+                answered += 1;
+                total += score.score;
+            }
             let line = json!({ "id": action.id, "role": action.role, "score": score });
             writeln!(out, "{line}").map_err(|e| anyhow!("writing scores: {e}"))?;
         }
@@ -117,17 +150,27 @@ fn score(args: &ScoreArgs) -> anyhow::Result<()> {
     progress.finish_and_clear();
 
     let report = coach.report();
-    let n = actions.len().max(1) as f64;
+    let mean = if answered > 0 {
+        format!("{:.2}", total / answered as f64)
+    } else {
+        "-".into()
+    };
     eprintln!(
-        "scored {} actions with {}: mean score {:.2}",
+        "scored {} actions with {}: mean score {mean} over the {answered} with a score \
+         (fallbacks excluded)",
         actions.len(),
         report.coach,
-        total / n
     );
     for (role, c) in &report.roles {
         eprintln!(
-            "  {role}: {} scored, {} fallbacks, {} re-prompts, {} from cache",
-            c.scored, c.fallbacks, c.reprompts, c.cache_hits
+            "  {role}: {} scored, {} fallbacks ({} format, {} request-failed), {} re-prompts, \
+             {} from cache",
+            c.scored,
+            c.fallbacks,
+            c.fallbacks - c.request_failures,
+            c.request_failures,
+            c.reprompts,
+            c.cache_hits
         );
     }
     if report.usage.requests > 0 {

@@ -57,8 +57,9 @@ fn y_range(series: &[Series], style: Style) -> (f64, f64) {
     (lo - pad, hi + pad)
 }
 
-/// Draw `series` as an SVG chart at `path`; nothing is written when every
-/// series is empty.
+/// Draw `series` as an SVG chart at `path` (whole or not at all: through a
+/// temporary file and a rename); nothing is written when every series is
+/// empty.
 pub fn chart(
     path: &Path,
     title: &str,
@@ -76,7 +77,8 @@ pub fn chart(
         .map(|p| p.step)
         .fold(1.0, f64::max);
     let (y_min, y_max) = y_range(series, style);
-    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    let mut svg = String::new();
+    let root = SVGBackend::with_string(&mut svg, (800, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
@@ -131,7 +133,11 @@ pub fn chart(
         .border_style(BLACK)
         .draw()
         .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))
+    root.present().map_err(|e| err(&e))?;
+    drop(chart);
+    drop(root);
+    mappa_core::fs::write_atomic(path, svg.as_bytes())?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -145,13 +145,19 @@ fn local_checkpoint_as_judge_is_deterministic_and_counts_fallbacks() {
     let (second, _) = run();
     assert_eq!(first, second, "greedy decoding repeats exactly");
     // A tiny random model never writes the score line: each action is re-prompted once, then falls back.
+    assert!(
+        stderr.contains("mean score - over the 0 with a score (fallbacks excluded)"),
+        "{stderr}"
+    );
     for s in &first {
         assert_eq!(s["score"]["fallback"], true);
         assert_eq!(s["score"]["fallback_reason"], "format");
         assert!(s["score"]["coach"].as_str().unwrap().starts_with("local:"));
     }
     assert!(
-        stderr.contains("problem_solver: 1 scored, 1 fallbacks, 1 re-prompts"),
+        stderr.contains(
+            "problem_solver: 1 scored, 1 fallbacks (1 format, 0 request-failed), 1 re-prompts"
+        ),
         "{stderr}"
     );
 }
@@ -274,4 +280,72 @@ fn a_failed_replay_leaves_the_previous_output_and_needs_no_key() {
     let text = std::fs::read_to_string(&output).unwrap();
     assert_eq!(rows(text.as_bytes()).len(), 1, "{text}");
     assert_eq!(rows(text.as_bytes())[0]["score"]["cached"], true);
+}
+
+/// A coach that cannot be reached stops `coach score` with an error (no
+/// output, nothing cached); once it is reachable, the same cache asks it.
+/// `--cache-mode replay` then replays the same configuration's cache.
+#[test]
+fn an_unreachable_coach_stops_and_is_asked_again_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |url: &str| {
+        let path = dir.path().join("coach.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "domain = \"mathchat\"\ncache = \"cache.sqlite\"\n\n[openai]\nbase_url = \"{url}\"\n\
+                 model = \"local-judge\"\nmax_attempts = 2\ninitial_backoff_s = 0.01\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let input = actions_file(dir.path());
+    let output = dir.path().join("scores.jsonl");
+    // Nothing listens on port 9.
+    let out = mappa()
+        .args(["coach", "score", "--config"])
+        .arg(config("http://127.0.0.1:9/v1"))
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("did not answer 2 of 2 actions"),
+        "{stderr}"
+    );
+    assert!(!output.exists(), "no output from a failed command");
+
+    let url = serve();
+    let out = succeeds(
+        mappa()
+            .args(["coach", "score", "--config"])
+            .arg(config(&url))
+            .arg("--input")
+            .arg(&input),
+    );
+    let scores = rows(&out.stdout);
+    assert_eq!(
+        (&scores[0]["score"]["score"], &scores[0]["score"]["cached"]),
+        (&Value::from(7.0), &Value::from(false)),
+        "asked, not a cached fallback"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("mean score 8.00 over the 2 with a score"),
+        "{stderr}"
+    );
+
+    let out = succeeds(
+        mappa()
+            .args(["coach", "score", "--cache-mode", "replay", "--config"])
+            .arg(config("http://127.0.0.1:9/v1"))
+            .arg("--input")
+            .arg(&input),
+    );
+    assert_eq!(rows(&out.stdout)[1]["score"]["cached"], true);
+    assert_eq!(rows(&out.stdout)[1]["score"]["score"], 9.0);
 }

@@ -3,14 +3,15 @@
 //! raw reply and the parsed score. A run can then be replayed exactly:
 //! in `replay` mode only hits are allowed. SQLite's transactions keep the
 //! file correct with concurrent writers (threads or processes) and across a
-//! `kill -9` mid-write.
+//! `kill -9` mid-write. A replay opens the file read-only and leaves no
+//! trace: no `-wal` or `-shm` files are created, and nothing is written.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use mappa_core::hash::sha256_hex;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -54,46 +55,18 @@ pub struct CoachCache {
 
 impl CoachCache {
     /// Open (creating in `read-write` mode) the cache at `path`. Mode `off`
-    /// is the absence of a cache and is refused here.
+    /// is the absence of a cache and is refused here; `replay` opens an
+    /// existing cache read-only.
     pub fn open(path: &Path, mode: CacheMode) -> Result<Self, CoachError> {
         let err = |message: String| CoachError::Cache {
             path: path.display().to_string(),
             message,
         };
-        match mode {
+        let conn = match mode {
             CacheMode::Off => return Err(err("cache mode `off` opens no cache".into())),
-            CacheMode::Replay if !path.exists() => {
-                return Err(err(
-                    "replay needs an existing cache, and this file does not exist".into(),
-                ))
-            }
-            _ => {}
-        }
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| err(e.to_string()))?;
-        }
-        let conn = Connection::open(path).map_err(|e| err(e.to_string()))?;
-        conn.busy_timeout(Duration::from_secs(60))
-            .map_err(|e| err(e.to_string()))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| err(e.to_string()))?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| err(e.to_string()))?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS coach_cache (
-                key TEXT PRIMARY KEY,
-                coach_model TEXT NOT NULL,
-                template_sha256 TEXT NOT NULL,
-                raw_response TEXT NOT NULL,
-                score_json TEXT NOT NULL,
-                created_unix INTEGER NOT NULL
-            );
-            CREATE TABLE IF NOT EXISTS cache_meta (
-                name TEXT PRIMARY KEY,
-                value TEXT NOT NULL
-            );",
-        )
-        .map_err(|e| err(e.to_string()))?;
+            CacheMode::Replay => open_read_only(path).map_err(err)?,
+            CacheMode::ReadWrite => open_read_write(path).map_err(err)?,
+        };
         Ok(Self {
             path: path.to_path_buf(),
             mode,
@@ -207,5 +180,174 @@ impl CoachCache {
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))
             .map_err(|e| self.err(e))
+    }
+}
+
+/// Open or create a cache for reading and writing (WAL mode).
+fn open_read_write(path: &Path) -> Result<Connection, String> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+    }
+    let conn = Connection::open(path).map_err(|e| e.to_string())?;
+    conn.busy_timeout(Duration::from_secs(60))
+        .map_err(|e| e.to_string())?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| e.to_string())?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(|e| e.to_string())?;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS coach_cache (
+            key TEXT PRIMARY KEY,
+            coach_model TEXT NOT NULL,
+            template_sha256 TEXT NOT NULL,
+            raw_response TEXT NOT NULL,
+            score_json TEXT NOT NULL,
+            created_unix INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS cache_meta (
+            name TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );",
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+/// Open an existing cache read-only. A cache closed cleanly holds
+/// everything in the main file, which is opened `immutable` (SQLite then
+/// creates no `-wal`/`-shm` files and takes no locks). A `-wal` file beside
+/// it holds answers not yet moved into the main file (its writer is running,
+/// or was killed): then the file is opened read-only through the WAL so that
+/// those answers are read too.
+fn open_read_only(path: &Path) -> Result<Connection, String> {
+    if !path.is_file() {
+        return Err("replay needs an existing cache, and this file does not exist".into());
+    }
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
+    let conn = if Path::new(&wal).exists() {
+        Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+    } else {
+        Connection::open_with_flags(format!("{}?immutable=1", file_uri(path)), flags)
+    }
+    .map_err(|e| e.to_string())?;
+    conn.busy_timeout(Duration::from_secs(60))
+        .map_err(|e| e.to_string())?;
+    let tables: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'coach_cache'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| e.to_string())?;
+    if tables == 0 {
+        return Err("not a coach cache (it has no `coach_cache` table)".into());
+    }
+    Ok(conn)
+}
+
+/// `path` as an SQLite `file:` URI, every byte but unreserved ones and `/`
+/// percent-encoded.
+fn file_uri(path: &Path) -> String {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut uri = String::from("file:");
+    for &byte in absolute.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii_alphanumeric() || b"/-._~".contains(&byte) {
+            uri.push(byte as char);
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn score(text: &str) -> ActionScore {
+        ActionScore {
+            score: 7.0,
+            rationale: text.into(),
+            fallback: false,
+            fallback_reason: None,
+            answer_correct: None,
+            raw_response: text.into(),
+            coach: "test".into(),
+            template_sha256: String::new(),
+            cached: false,
+        }
+    }
+
+    #[test]
+    fn a_replay_reads_without_writing_or_creating_files() {
+        let dir = tempfile::tempdir().unwrap();
+        // An awkward name: the URI must encode it.
+        let path = dir.path().join("odd name #1 %?.sqlite");
+        {
+            let cache = CoachCache::open(&path, CacheMode::ReadWrite).unwrap();
+            cache.put("k", "m", "t", &score("kept")).unwrap();
+        }
+        assert_eq!(names(dir.path()), ["odd name #1 %?.sqlite"]);
+        let before = std::fs::read(&path).unwrap();
+        let replay = CoachCache::open(&path, CacheMode::Replay).unwrap();
+        assert_eq!(replay.get("k").unwrap().unwrap().rationale, "kept");
+        assert!(replay.get("other").unwrap().is_none());
+        assert_eq!(
+            names(dir.path()),
+            ["odd name #1 %?.sqlite"],
+            "no WAL files while it reads"
+        );
+        assert!(
+            replay.put("k2", "m", "t", &score("new")).is_err(),
+            "a replay cannot write"
+        );
+        drop(replay);
+        assert_eq!(names(dir.path()), ["odd name #1 %?.sqlite"], "no WAL files");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "the file is unchanged"
+        );
+    }
+
+    #[test]
+    fn a_replay_reads_answers_still_in_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache.sqlite");
+        let writer = CoachCache::open(&path, CacheMode::ReadWrite).unwrap();
+        writer
+            .conn
+            .lock()
+            .unwrap()
+            .pragma_update(None, "wal_autocheckpoint", 0)
+            .unwrap();
+        writer.put("k", "m", "t", &score("in the wal")).unwrap();
+        let replay = CoachCache::open(&path, CacheMode::Replay).unwrap();
+        assert_eq!(replay.get("k").unwrap().unwrap().rationale, "in the wal");
+    }
+
+    #[test]
+    fn a_replay_of_a_missing_or_foreign_file_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.sqlite");
+        let e = CoachCache::open(&missing, CacheMode::Replay).unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        assert!(!missing.exists());
+        let foreign = dir.path().join("notes.sqlite");
+        std::fs::write(&foreign, "not a database at all, just text").unwrap();
+        let e = CoachCache::open(&foreign, CacheMode::Replay).unwrap_err();
+        assert!(e.to_string().contains("notes.sqlite"), "{e}");
     }
 }

@@ -128,15 +128,47 @@ pub struct ActionScore {
     pub cached: bool,
 }
 
+/// Why an action got the fallback score.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FallbackKind {
+    /// The coach answered, but without a score even after the re-prompt
+    /// (its answer, cached like any other).
+    Format,
+    /// Every request failed: the coach never answered (never cached).
+    RequestFailed,
+}
+
+impl FallbackKind {
+    /// Both kinds, in report order.
+    pub const ALL: [FallbackKind; 2] = [FallbackKind::Format, FallbackKind::RequestFailed];
+
+    /// The name used in metrics and reports (`format`, `request-failed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackKind::Format => "format",
+            FallbackKind::RequestFailed => "request-failed",
+        }
+    }
+}
+
 impl ActionScore {
+    /// Why the fallback score was used; `None` for a real score.
+    pub fn fallback_kind(&self) -> Option<FallbackKind> {
+        if !self.fallback {
+            return None;
+        }
+        let reason = self.fallback_reason.as_deref().unwrap_or("");
+        Some(if reason.starts_with("request-failed") {
+            FallbackKind::RequestFailed
+        } else {
+            FallbackKind::Format
+        })
+    }
+
     /// Whether the fallback score stands in for a coach that never answered
     /// (its requests failed), rather than for a malformed answer.
     pub fn request_failed(&self) -> bool {
-        self.fallback
-            && self
-                .fallback_reason
-                .as_deref()
-                .is_some_and(|r| r.starts_with("request-failed"))
+        self.fallback_kind() == Some(FallbackKind::RequestFailed)
     }
 
     /// The reward the trainer uses: `score / 10`, in [0, 1].

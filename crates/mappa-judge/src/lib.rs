@@ -37,7 +37,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use context::{ActionContext, ActionScore, FileLists, GroundTruth, KnownSolution};
+pub use context::{
+    ActionContext, ActionScore, FallbackKind, FileLists, GroundTruth, KnownSolution,
+};
 
 /// Scores actions.
 pub trait Coach: Send + Sync {
@@ -79,6 +81,27 @@ pub enum CoachError {
     /// The local judge model failed.
     #[error("local coach model: {0}")]
     Local(String),
+    /// Too many of a batch's actions got no answer: the coach is
+    /// unreachable (`[coach.settings] max_failed_fraction`, `on_outage`).
+    #[error(
+        "the coach did not answer {failed} of {total} actions (more than max_failed_fraction = \
+         {max_failed_fraction}; waited {waited_s:.0} s); last failure: {reason}. No step was \
+         trained on them and every answer received is cached: check the endpoint (base_url, \
+         network, quota), then resume (`mappa run --resume RUN_DIR`), or set \
+         `[coach.settings] on_outage = \"wait\"` to wait for the coach"
+    )]
+    Unavailable {
+        /// Actions whose every request failed.
+        failed: usize,
+        /// Actions in the batch.
+        total: usize,
+        /// The configured limit.
+        max_failed_fraction: f64,
+        /// Seconds waited for the coach to come back (0 with `on_outage = "stop"`).
+        waited_s: f64,
+        /// The last failure, as the fallback reason says it.
+        reason: String,
+    },
 }
 
 /// Counts for one role.
@@ -86,8 +109,12 @@ pub enum CoachError {
 pub struct RoleCounts {
     /// Actions scored.
     pub scored: u64,
-    /// Of which with the fallback score.
+    /// Of which with the fallback score (for any reason).
     pub fallbacks: u64,
+    /// Of those, fallbacks because every request failed (the coach never
+    /// answered); the rest are malformed answers.
+    #[serde(default)]
+    pub request_failures: u64,
     /// Of which needed the format re-prompt.
     pub reprompts: u64,
     /// Of which came from the cache.
@@ -122,5 +149,10 @@ impl CoachReport {
     /// Fallbacks over all roles.
     pub fn total_fallbacks(&self) -> u64 {
         self.roles.values().map(|r| r.fallbacks).sum()
+    }
+
+    /// Fallbacks because requests failed, over all roles.
+    pub fn total_request_failures(&self) -> u64 {
+        self.roles.values().map(|r| r.request_failures).sum()
     }
 }

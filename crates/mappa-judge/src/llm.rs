@@ -1,11 +1,14 @@
 //! The judging protocol shared by LLM coaches: render the rubric, look in
 //! the cache, ask the model, parse; on a format failure re-prompt exactly
 //! once with the bad reply in view; then fall back to the configured score,
-//! counted per role.
+//! counted per role. A batch in which too many requests failed outright
+//! (the coach is unreachable) stops, or waits for the coach, as configured
+//! ([`OnOutage`]): a run never trains on a coach that did not answer.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -76,6 +79,18 @@ pub struct LlmSettings {
     pub max_tokens: u32,
     /// Most actions scored at once.
     pub max_concurrency: usize,
+    /// The largest share of a batch's actions (one agent's actions in a
+    /// training step; one `--batch` of `mappa coach score`) that may get the
+    /// fallback because every request failed. Above it the coach counts as
+    /// unreachable and [`LlmSettings::on_outage`] applies.
+    pub max_failed_fraction: f64,
+    /// What an unreachable coach does to the run.
+    pub on_outage: OnOutage,
+    /// With `on_outage = "wait"`: the longest wait for the coach to come
+    /// back, in seconds, before stopping after all.
+    pub max_outage_wait_s: f64,
+    /// With `on_outage = "wait"`: seconds between asking again.
+    pub outage_poll_s: f64,
 }
 
 impl Default for LlmSettings {
@@ -86,8 +101,33 @@ impl Default for LlmSettings {
             temperature: 0.0,
             max_tokens: 1024,
             max_concurrency: 8,
+            max_failed_fraction: 0.05,
+            on_outage: OnOutage::Stop,
+            max_outage_wait_s: 3600.0,
+            outage_poll_s: 30.0,
         }
     }
+}
+
+/// What a batch does when more than `max_failed_fraction` of its actions
+/// got no answer from the coach.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnOutage {
+    /// Stop with [`CoachError::Unavailable`]; the answers already received
+    /// are cached, and a training run resumes from its last checkpoint.
+    #[default]
+    Stop,
+    /// Ask again for the failed actions every `outage_poll_s` seconds until
+    /// the coach answers (the run continues as if nothing happened) or
+    /// `max_outage_wait_s` has passed (then stop as with `stop`).
+    Wait,
+}
+
+/// One action judged: the score, and whether it needed the re-prompt.
+struct Judged {
+    score: ActionScore,
+    reprompted: bool,
 }
 
 /// Text of the one re-prompt after a reply without the required lines.
@@ -132,6 +172,22 @@ impl<C: ChatBackend> LlmCoach<C> {
                 "max_concurrency = 0: expected at least 1".into(),
             ));
         }
+        if !(0.0..=1.0).contains(&settings.max_failed_fraction) {
+            return Err(CoachError::Config(format!(
+                "max_failed_fraction = {}: expected a share in [0, 1]",
+                settings.max_failed_fraction
+            )));
+        }
+        for (name, value) in [
+            ("max_outage_wait_s", settings.max_outage_wait_s),
+            ("outage_poll_s", settings.outage_poll_s),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(CoachError::Config(format!(
+                    "{name} = {value}: expected a number of seconds >= 0"
+                )));
+            }
+        }
         Ok(Self {
             name: name.into(),
             backend,
@@ -154,13 +210,27 @@ impl<C: ChatBackend> LlmCoach<C> {
         }
     }
 
-    fn count(&self, role: &str, f: impl FnOnce(&mut RoleCounts)) {
+    /// Count one action's final score for its role.
+    fn tally(&self, role: &str, judged: &Judged) {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        f(counts.entry(role.to_string()).or_default());
+        let c = counts.entry(role.to_string()).or_default();
+        let score = &judged.score;
+        c.scored += 1;
+        c.fallbacks += score.fallback as u64;
+        c.request_failures += score.request_failed() as u64;
+        c.reprompts += judged.reprompted as u64;
+        c.cache_hits += score.cached as u64;
     }
 
-    /// Score one action.
+    /// Score one action (without the outage policy, which applies to batches).
     pub fn score_one(&self, ctx: &ActionContext) -> Result<ActionScore, CoachError> {
+        let judged = self.judge(ctx)?;
+        self.tally(&ctx.role, &judged);
+        Ok(judged.score)
+    }
+
+    /// Judge one action: the cache, else the coach; nothing counted.
+    fn judge(&self, ctx: &ActionContext) -> Result<Judged, CoachError> {
         let prompt = self
             .rubrics
             .render(ctx, self.settings.coach_sees_ground_truth)?;
@@ -169,12 +239,10 @@ impl<C: ChatBackend> LlmCoach<C> {
         if let Some(cache) = &self.cache {
             if let Some(mut hit) = cache.get(&key)? {
                 hit.cached = true;
-                self.count(&ctx.role, |c| {
-                    c.scored += 1;
-                    c.cache_hits += 1;
-                    c.fallbacks += hit.fallback as u64;
+                return Ok(Judged {
+                    score: hit,
+                    reprompted: false,
                 });
-                return Ok(hit);
             }
             if cache.mode() == CacheMode::Replay {
                 return Err(CoachError::ReplayMiss {
@@ -185,11 +253,6 @@ impl<C: ChatBackend> LlmCoach<C> {
             }
         }
         let (score, reprompted) = self.ask(&prompt, &params)?;
-        self.count(&ctx.role, |c| {
-            c.scored += 1;
-            c.fallbacks += score.fallback as u64;
-            c.reprompts += reprompted as u64;
-        });
         // Only the coach's answers are recorded: a request that failed is
         // asked again next time, never replayed as if the coach had said it.
         if let (Some(cache), false) = (&self.cache, score.request_failed()) {
@@ -200,7 +263,44 @@ impl<C: ChatBackend> LlmCoach<C> {
                 &score,
             )?;
         }
-        Ok(score)
+        Ok(Judged { score, reprompted })
+    }
+
+    /// Judge `contexts[i]` for each `i` of `which`, up to
+    /// `max_concurrency` at a time; results in the order of `which`.
+    fn judge_parallel(
+        &self,
+        contexts: &[ActionContext],
+        which: &[usize],
+    ) -> Vec<Result<Judged, CoachError>> {
+        let results: Vec<Mutex<Option<Result<Judged, CoachError>>>> =
+            which.iter().map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        let workers = self.settings.max_concurrency.min(which.len());
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| loop {
+                    let slot = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&i) = which.get(slot) else { break };
+                    let result = self.judge(&contexts[i]);
+                    *results[slot].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                });
+            }
+        });
+        results
+            .into_iter()
+            .map(|r| {
+                r.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expect("every action was judged")
+            })
+            .collect()
+    }
+
+    /// Whether `failed` of `total` actions without an answer is more than
+    /// the batch may have.
+    fn too_many_failed(&self, failed: usize, total: usize) -> bool {
+        failed as f64 > self.settings.max_failed_fraction * total as f64
     }
 
     /// Ask, re-prompt once on a format failure, then fall back.
@@ -291,28 +391,50 @@ impl<C: ChatBackend> Coach for LlmCoach<C> {
     }
 
     fn score_batch(&self, contexts: &[ActionContext]) -> Result<Vec<ActionScore>, CoachError> {
-        let results: Vec<Mutex<Option<Result<ActionScore, CoachError>>>> =
-            contexts.iter().map(|_| Mutex::new(None)).collect();
-        let next = AtomicUsize::new(0);
-        let workers = self.settings.max_concurrency.min(contexts.len());
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(ctx) = contexts.get(i) else { break };
-                    let result = self.score_one(ctx);
-                    *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+        let all: Vec<usize> = (0..contexts.len()).collect();
+        let mut judged = self
+            .judge_parallel(contexts, &all)
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let started = Instant::now();
+        loop {
+            let failed: Vec<usize> = (0..judged.len())
+                .filter(|&i| judged[i].score.request_failed())
+                .collect();
+            if !self.too_many_failed(failed.len(), judged.len()) {
+                break;
+            }
+            let waited = started.elapsed().as_secs_f64();
+            let poll = self.settings.outage_poll_s;
+            if self.settings.on_outage == OnOutage::Stop
+                || waited + poll > self.settings.max_outage_wait_s
+            {
+                let last = &judged[failed[0]].score;
+                return Err(CoachError::Unavailable {
+                    failed: failed.len(),
+                    total: judged.len(),
+                    max_failed_fraction: self.settings.max_failed_fraction,
+                    waited_s: waited,
+                    reason: last.fallback_reason.clone().unwrap_or_default(),
                 });
             }
-        });
-        results
-            .into_iter()
-            .map(|r| {
-                r.into_inner()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .expect("every action was scored")
-            })
-            .collect()
+            eprintln!(
+                "coach {}: {} of {} actions got no answer; asking again in {poll} s \
+                 (on_outage = \"wait\", waited {waited:.0} of {} s)",
+                self.name,
+                failed.len(),
+                judged.len(),
+                self.settings.max_outage_wait_s
+            );
+            std::thread::sleep(Duration::from_secs_f64(poll));
+            for (i, again) in failed.iter().zip(self.judge_parallel(contexts, &failed)) {
+                judged[*i] = again?;
+            }
+        }
+        for (ctx, j) in contexts.iter().zip(&judged) {
+            self.tally(&ctx.role, j);
+        }
+        Ok(judged.into_iter().map(|j| j.score).collect())
     }
 
     fn report(&self) -> CoachReport {

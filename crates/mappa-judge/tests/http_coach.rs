@@ -1,17 +1,21 @@
 //! The HTTP coach against a real local server: good replies, malformed ones,
 //! 429 with Retry-After, 500s, slow replies, truncated JSON, refusals; the
-//! record/replay cache; and no trace of the API key in any file.
+//! record/replay cache; no trace of the API key in any file; and a coach
+//! that goes away (the batch stops, or waits for it, as configured).
 
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{action, set_fake_key, FakeServer, FAKE_KEY, KEY_VAR};
 use mappa_judge::cache::{CacheMode, CoachCache};
-use mappa_judge::llm::{LlmCoach, LlmSettings};
+use mappa_judge::llm::{LlmCoach, LlmSettings, OnOutage};
 use mappa_judge::openai::{OpenAiBackend, OpenAiConfig};
 use mappa_judge::rubric::RubricSet;
+use mappa_judge::testing::Reply;
 use mappa_judge::{Coach, CoachError};
 
 fn endpoint(base_url: &str) -> OpenAiConfig {
@@ -31,13 +35,27 @@ fn endpoint(base_url: &str) -> OpenAiConfig {
     }
 }
 
+/// A coach for the protocol tests: any share of failed requests is
+/// accepted (the outage policy has its own tests below).
 fn coach(base_url: &str, cache: Option<CoachCache>) -> LlmCoach<OpenAiBackend> {
+    let settings = LlmSettings {
+        max_failed_fraction: 1.0,
+        ..LlmSettings::default()
+    };
+    coach_with(base_url, cache, settings)
+}
+
+fn coach_with(
+    base_url: &str,
+    cache: Option<CoachCache>,
+    settings: LlmSettings,
+) -> LlmCoach<OpenAiBackend> {
     let backend = OpenAiBackend::new(endpoint(base_url)).unwrap();
     LlmCoach::new(
         "openai:judge-test",
         backend,
         RubricSet::builtin("mathchat").unwrap(),
-        LlmSettings::default(),
+        settings,
         cache,
     )
     .unwrap()
@@ -326,4 +344,124 @@ fn requests_per_minute_spaces_request_starts() {
     assert_eq!(server.count("good"), 5);
     // Five starts 100 ms apart, even with eight workers free.
     assert!(elapsed >= Duration::from_millis(390), "{elapsed:?}");
+}
+
+/// A server that answers `PROCESS_SCORE: 8` while `up`, and 503 otherwise;
+/// it counts the requests that were answered.
+fn switchable_server(up: Arc<AtomicBool>, answered: Arc<AtomicUsize>) -> String {
+    mappa_judge::testing::serve(move |_| {
+        if up.load(Ordering::SeqCst) {
+            answered.fetch_add(1, Ordering::SeqCst);
+            Reply::content("Fine.\nPROCESS_SCORE: 8")
+        } else {
+            Reply::raw(503, "{\"error\": \"down\"}")
+        }
+    })
+}
+
+fn solver_actions(n: usize) -> Vec<mappa_judge::ActionContext> {
+    (0..n)
+        .map(|i| {
+            let mut a = action(&format!("o{i}"), "good", "problem_solver");
+            a.output = format!("step {i}");
+            a
+        })
+        .collect()
+}
+
+/// With the default `on_outage = "stop"`, a batch whose coach is down stops
+/// with an error that says what to do; the answers that came are cached.
+#[test]
+fn a_batch_without_a_coach_stops_with_a_clear_error() {
+    let (up, answered) = (Arc::new(AtomicBool::new(false)), Arc::default());
+    let url = switchable_server(up.clone(), answered);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = CoachCache::open(&dir.path().join("c.sqlite"), CacheMode::ReadWrite).unwrap();
+    let coach = coach_with(&url, Some(cache), LlmSettings::default());
+    let e = coach.score_batch(&solver_actions(4)).unwrap_err();
+    match &e {
+        CoachError::Unavailable { failed, total, .. } => assert_eq!((*failed, *total), (4, 4)),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    let message = e.to_string();
+    for needle in [
+        "did not answer 4 of 4",
+        "max_failed_fraction",
+        "--resume",
+        "HTTP 503",
+    ] {
+        assert!(message.contains(needle), "{needle:?} not in {message}");
+    }
+    assert_eq!(
+        coach.report().roles.get("problem_solver"),
+        None,
+        "no action counts as scored"
+    );
+    // Within the limit, the failures are counted fallbacks.
+    let lenient = coach_with(
+        &url,
+        None,
+        LlmSettings {
+            max_failed_fraction: 1.0,
+            ..LlmSettings::default()
+        },
+    );
+    let scores = lenient.score_batch(&solver_actions(2)).unwrap();
+    assert!(scores.iter().all(|s| s.request_failed()));
+    let counts = &lenient.report().roles["problem_solver"];
+    assert_eq!((counts.fallbacks, counts.request_failures), (2, 2));
+}
+
+/// With `on_outage = "wait"`, the batch asks again until the coach is back,
+/// and ends as if it had never been away.
+#[test]
+fn a_waiting_batch_continues_when_the_coach_comes_back() {
+    let (up, answered) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let url = switchable_server(up.clone(), answered.clone());
+    let settings = LlmSettings {
+        on_outage: OnOutage::Wait,
+        outage_poll_s: 0.2,
+        max_outage_wait_s: 30.0,
+        ..LlmSettings::default()
+    };
+    let coach = coach_with(&url, None, settings.clone());
+    let back = {
+        let up = up.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(800));
+            up.store(true, Ordering::SeqCst);
+        })
+    };
+    let scores = coach.score_batch(&solver_actions(3)).unwrap();
+    back.join().unwrap();
+    assert!(
+        scores.iter().all(|s| !s.fallback && s.score == 8.0),
+        "{scores:?}"
+    );
+    assert_eq!(answered.load(Ordering::SeqCst), 3);
+    let counts = &coach.report().roles["problem_solver"];
+    assert_eq!(
+        (counts.scored, counts.fallbacks, counts.request_failures),
+        (3, 0, 0)
+    );
+
+    // A coach that stays away past `max_outage_wait_s` stops the batch after all.
+    up.store(false, Ordering::SeqCst);
+    let impatient = coach_with(
+        &url,
+        None,
+        LlmSettings {
+            max_outage_wait_s: 0.5,
+            ..settings
+        },
+    );
+    let start = Instant::now();
+    match impatient.score_batch(&solver_actions(2)) {
+        Err(CoachError::Unavailable { waited_s, .. }) => assert!(waited_s >= 0.2, "{waited_s}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(10));
 }

@@ -75,6 +75,11 @@ pub struct TrainLine {
     pub train_accuracy: f64,
     /// The coach's mean score per role.
     pub coach_mean_score: BTreeMap<String, f64>,
+    /// Actions that got the coach's fallback score, by reason (`format`: the
+    /// coach answered without a score; `request-failed`: it never answered).
+    /// Absent in records written before it existed.
+    #[serde(default)]
+    pub coach_fallbacks: BTreeMap<String, usize>,
     /// The share of tool-using agents' actions that ran code (`None`
     /// when the workflow has no tool).
     pub tool_call_rate: Option<f64>,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use mappa_agents::{action_contexts, ActionRecord, TaskInput, Trajectory, Workflow};
 use mappa_env::tabular::FairSummary;
-use mappa_judge::{ActionContext, ActionScore, Coach, GroundTruth};
+use mappa_judge::{ActionContext, ActionScore, Coach, FallbackKind, GroundTruth};
 use mappa_model::AutodiffModelBackend;
 
 use super::remove_work;
@@ -75,9 +75,7 @@ fn score_owned(
     owners: Vec<((usize, usize), usize)>,
     into: &mut ScoresByAgent,
 ) -> Result<(), TrainError> {
-    let scores = coach
-        .score_batch(contexts)
-        .map_err(|e| TrainError::Input(format!("coach: {e}")))?;
+    let scores = coach.score_batch(contexts)?;
     if scores.len() != contexts.len() {
         return Err(TrainError::Input(format!(
             "coach {}: {} scores for {} actions",
@@ -141,12 +139,19 @@ pub(super) fn record(
 ) -> (TrainLine, Vec<TrajectoryLine>) {
     // Per-role coach means and tool use, for reports.
     let mut role_scores: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let mut fallbacks: BTreeMap<String, usize> = FallbackKind::ALL
+        .iter()
+        .map(|k| (k.as_str().to_string(), 0))
+        .collect();
     let (mut tool_actions, mut with_code) = (0usize, 0usize);
     for t in scored {
         for (a, s) in t.trajectory.actions.iter().zip(&t.scores) {
             let e = role_scores.entry(a.role.clone()).or_default();
             e.0 += s.score;
             e.1 += 1;
+            if let Some(kind) = s.fallback_kind() {
+                *fallbacks.entry(kind.as_str().to_string()).or_default() += 1;
+            }
             if workflow.agents[a.agent].tool == mappa_agents::Tool::Python {
                 tool_actions += 1;
                 with_code += a.code.is_some() as usize;
@@ -163,6 +168,7 @@ pub(super) fn record(
             .into_iter()
             .map(|(role, (sum, n))| (role, sum / n as f64))
             .collect(),
+        coach_fallbacks: fallbacks,
         tool_call_rate: (tool_actions > 0).then(|| with_code as f64 / tool_actions as f64),
         agents,
     };
