@@ -1,6 +1,6 @@
 //! `mappa coach score` as a new user runs it: against a local
 //! OpenAI-compatible server, with a scripted coach, and with a local
-//! checkpoint as judge.
+//! checkpoint as judge; and the README's coach section, run as written.
 
 use std::path::Path;
 
@@ -348,4 +348,65 @@ fn an_unreachable_coach_stops_and_is_asked_again_later() {
     );
     assert_eq!(rows(&out.stdout)[1]["score"]["cached"], true);
     assert_eq!(rows(&out.stdout)[1]["score"]["score"], 9.0);
+}
+
+/// The README's coach section: its configuration example parses with every
+/// `[settings]` key at its default, the example files load, and the scripted
+/// example prints what the README shows.
+#[test]
+fn the_readme_coach_section_is_true() {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    let start = readme.find("## The coach").expect("a coach section");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let toml_block = section
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a toml example");
+    let config: mappa_judge::config::CoachConfig = toml::from_str(toml_block).unwrap();
+    assert_eq!(
+        config.settings,
+        mappa_judge::llm::LlmSettings::default(),
+        "the README shows the defaults"
+    );
+    for settings_key in [
+        "coach_sees_ground_truth",
+        "fallback_score",
+        "max_failed_fraction",
+        "on_outage",
+        "max_outage_wait_s",
+        "outage_poll_s",
+    ] {
+        assert!(
+            section.contains(&format!("| `{settings_key}` |")),
+            "{settings_key} is not in the table"
+        );
+    }
+    for example in ["scripted", "gemini", "local-server"] {
+        let path = workspace().join(format!("experiments/coach/{example}.toml"));
+        mappa_judge::config::CoachConfig::load(&path).unwrap();
+    }
+    let out = succeeds(mappa().args([
+        "coach",
+        "score",
+        "--config",
+        "experiments/coach/scripted.toml",
+        "--input",
+        "experiments/coach/actions.jsonl",
+    ]));
+    let first = String::from_utf8_lossy(&out.stdout);
+    let first = first.lines().next().unwrap();
+    let shown = section
+        .lines()
+        .find(|l| l.starts_with("{\"id\":\"t1/problem_solver/0\""))
+        .expect("an output line in the README");
+    let prefix = &shown[..shown.find("\"raw_response\"").unwrap()];
+    assert!(
+        first.starts_with(prefix),
+        "README: {shown}\nactual: {first}"
+    );
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        assert!(section.contains(line), "{line:?} is not in the README");
+    }
 }

@@ -1,5 +1,5 @@
 //! A coach configuration (a `COACH.toml` file, or a manifest's `[coach]`;
-//! its schema for users: docs/COACH.md): which coach, its rubric, cache and
+//! its schema for users: README.md, "The coach"): which coach, its rubric, cache and
 //! settings. API keys are named (`api_key_env`), never written here.
 //!
 //! ```toml
@@ -174,11 +174,12 @@ impl CoachConfig {
         match &self.judge {
             Judge::Scripted(scripted) => Ok(Box::new(ScriptedCoach::new(scripted.clone())?)),
             Judge::OpenAi(openai) => {
-                let (rubrics, cache) = self.rubrics_and_cache()?;
+                // The backend first: a missing key must not leave a new, empty cache behind.
                 let backend = match self.cache_mode {
                     CacheMode::Replay => OpenAiBackend::for_replay(openai.clone())?,
                     _ => OpenAiBackend::new(openai.clone())?,
                 };
+                let (rubrics, cache) = self.rubrics_and_cache()?;
                 let name = format!("openai:{}", openai.model);
                 Ok(Box::new(LlmCoach::new(
                     name,

@@ -16,7 +16,7 @@
 //! - [`cache`]: the SQLite record/replay cache.
 //! - `testing` (feature `testing`): a local OpenAI-compatible server for tests.
 //! - [`config`]: the coach configuration (a `COACH.toml` for `mappa coach
-//!   score`, or a manifest's `[coach]`; docs/COACH.md).
+//!   score`, or a manifest's `[coach]`; README.md, "The coach").
 
 #![warn(missing_docs)]
 
@@ -85,10 +85,10 @@ pub enum CoachError {
     /// unreachable (`[coach.settings] max_failed_fraction`, `on_outage`).
     #[error(
         "the coach did not answer {failed} of {total} actions (more than max_failed_fraction = \
-         {max_failed_fraction}; waited {waited_s:.0} s); last failure: {reason}. No step was \
-         trained on them and every answer received is cached: check the endpoint (base_url, \
-         network, quota), then resume (`mappa run --resume RUN_DIR`), or set \
-         `[coach.settings] on_outage = \"wait\"` to wait for the coach"
+         {max_failed_fraction}; waited {waited_s:.0} s); last failure: {reason}. Nothing was \
+         scored with a stand-in and every answer received is cached: check the endpoint \
+         (base_url, network, quota) and run again (a training run: `mappa run MANIFEST --resume \
+         RUN_DIR`), or set `[coach.settings] on_outage = \"wait\"` to wait for the coach"
     )]
     Unavailable {
         /// Actions whose every request failed.
