@@ -63,10 +63,18 @@ pub struct AgentSpec {
     pub program: Option<String>,
 }
 
-/// The program an agent's `program` template makes of an action's text.
-pub fn render_program(template: &str, output: &str) -> Result<String, String> {
+/// A template environment as workflows render them: strict about undefined
+/// variables, with a fuel budget.
+fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.set_fuel(Some(mappa_core::TEMPLATE_FUEL));
+    env
+}
+
+/// The program an agent's `program` template makes of an action's text.
+pub fn render_program(template: &str, output: &str) -> Result<String, String> {
+    let mut env = environment();
     env.add_template("program", template)
         .map_err(|e| format!("{e:#}"))?;
     env.get_template("program")
@@ -202,8 +210,7 @@ pub fn render_prompt(
     files: &[String],
     upstream: &BTreeMap<String, Upstream>,
 ) -> Result<String, String> {
-    let mut env = Environment::new();
-    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    let mut env = environment();
     env.add_template("prompt", &agent.prompt)
         .map_err(|e| format!("{e:#}"))?;
     let mut ctx = BTreeMap::new();

@@ -19,4 +19,13 @@ pub mod rng;
 pub mod stats;
 
 pub use error::{CoreError, Result};
+
+/// The work one render of a user-supplied template (chat templates, workflow
+/// prompts and programs, coach rubrics) may do, in minijinja fuel: about one
+/// instruction or 64 bytes of data each. A long conversation renders well
+/// within it (256 turns of 4 KB with the Qwen3 chat template:
+/// `crates/mappa-model/tests/hostile_inputs.rs`); a template that loops or
+/// grows strings without end fails with "out of fuel" instead of hanging or
+/// exhausting memory (the budget bounds its data to about 256 MB).
+pub const TEMPLATE_FUEL: u64 = 4_000_000;
 pub use rng::{RngStream, SeedTree};

@@ -46,7 +46,8 @@ pub fn parse_reply(reply: &str) -> ParsedReply {
         .as_ref()
         .and_then(|c| c[1].parse::<f64>().ok())
         .filter(|s| s.is_finite())
-        .map(|s| s.clamp(0.0, 10.0));
+        // `-0` reads as 0, not as a negative zero that prints "-0".
+        .map(|s| if s == 0.0 { 0.0 } else { s.clamp(0.0, 10.0) });
     let answer_correct = answer_re().captures(reply).map(|c| &c[1] == "1");
     let cut = score_match
         .and_then(|c| c.get(0))
@@ -79,6 +80,17 @@ mod tests {
         assert_eq!(parse_reply("I'd give it an eight").score, None);
         assert_eq!(parse_reply("PROCESS_SCORE: high").score, None);
         assert_eq!(parse_reply("").score, None);
+        // Too large for an f64: rejected, not infinite.
+        let huge = format!("PROCESS_SCORE: {}", "9".repeat(400));
+        assert_eq!(parse_reply(&huge).score, None);
+        // Digits of other scripts match `\d` but are not numbers.
+        assert_eq!(parse_reply("PROCESS_SCORE: ٧").score, None);
+    }
+
+    #[test]
+    fn negative_zero_reads_as_zero() {
+        let score = parse_reply("PROCESS_SCORE: -0.0").score.unwrap();
+        assert!(score == 0.0 && score.is_sign_positive(), "{score}");
     }
 
     #[test]

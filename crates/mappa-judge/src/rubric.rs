@@ -140,6 +140,8 @@ impl RubricSet {
             .unwrap_or_default();
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // A hostile rubric (an endless loop) is an error, not a hang.
+        env.set_fuel(Some(mappa_core::TEMPLATE_FUEL));
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
                 .trim_blocks(true)

@@ -12,6 +12,8 @@
 //! print today's date fall back to their fixed default and prompts stay
 //! reproducible.
 
+use std::path::{Path, PathBuf};
+
 use minijinja::value::{Kwargs, Value as JinjaValue};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -90,6 +92,8 @@ pub struct ChatTemplate {
     bos_token: Option<String>,
     eos_token: Option<String>,
     sha256: String,
+    /// The file the template came from, named by its errors.
+    file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -105,12 +109,24 @@ const TEMPLATE_NAME: &str = "chat";
 impl ChatTemplate {
     /// Compiles `source`; `bos_token` and `eos_token` are visible to it as variables.
     pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+        Self::compile(source, bos_token, eos_token, None)
+    }
+
+    /// Compiles `source`, read from `file` when there is one (errors name it).
+    fn compile(
+        source: &str,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+        file: Option<PathBuf>,
+    ) -> Result<Self> {
+        let error = |what, e| template_error(what, e, file.as_deref());
         let mut env = Environment::new();
+        env.set_fuel(Some(mappa_core::TEMPLATE_FUEL));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
             .build()
-            .map_err(|e| template_error("configure", e))?;
+            .map_err(|e| error("configure", e))?;
         env.set_syntax(syntax);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", tojson);
@@ -121,27 +137,27 @@ impl ChatTemplate {
             },
         );
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
-            .map_err(|e| template_error("compile", e))?;
+            .map_err(|e| error("compile", e))?;
         Ok(Self {
             env,
             bos_token,
             eos_token,
             sha256: mappa_core::hash::sha256_hex(source.as_bytes()),
+            file,
         })
     }
 
     /// The template of a HF tokenizer's `tokenizer_config.json`.
     pub fn from_tokenizer(tokenizer: &HfTokenizer) -> Result<Self> {
-        let source = tokenizer.chat_template().ok_or_else(|| {
-            ModelError::tokenizer(
-                Some(&tokenizer.path().with_file_name("tokenizer_config.json")),
-                "has no `chat_template`",
-            )
-        })?;
-        Self::new(
+        let file = tokenizer.path().with_file_name("tokenizer_config.json");
+        let source = tokenizer
+            .chat_template()
+            .ok_or_else(|| ModelError::tokenizer(Some(&file), "has no `chat_template`"))?;
+        Self::compile(
             source,
             tokenizer.bos_token().map(str::to_string),
             tokenizer.eos_token().map(str::to_string),
+            Some(file),
         )
     }
 
@@ -170,24 +186,26 @@ impl ChatTemplate {
         if let Some(eos) = &self.eos_token {
             ctx.insert("eos_token".into(), eos.clone().into());
         }
+        let error = |what, e| template_error(what, e, self.file.as_deref());
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
-            .map_err(|e| template_error("load", e))?;
+            .map_err(|e| error("load", e))?;
         template
             .render(JinjaValue::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| template_error("render", e))
+            .map_err(|e| error("render", e))
     }
 }
 
-fn template_error(what: &str, e: JinjaError) -> ModelError {
-    let mut msg = format!("chat template: cannot {what}: {e}");
+/// A template error, naming the file the template came from when known.
+fn template_error(what: &str, e: JinjaError, file: Option<&Path>) -> ModelError {
+    let mut msg = format!("field `chat_template`: cannot {what}: {e}");
     let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
         msg.push_str(&format!(": {s}"));
         source = s.source();
     }
-    ModelError::tokenizer(None, msg)
+    ModelError::tokenizer(file, msg)
 }
 
 /// `tojson` as HF defines it: `json.dumps(x, ensure_ascii=False, indent=indent)`.

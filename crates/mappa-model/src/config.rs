@@ -97,6 +97,25 @@ pub struct RopeConfig {
     pub llama3_scaling: Option<Llama3RopeScaling>,
 }
 
+/// The most parameters a [`TransformerConfig`] may describe (2^40, beyond
+/// any model this crate can run): it bounds what the sizes of a hostile
+/// `config.json` can make us allocate.
+pub const MAX_PARAMS: usize = 1 << 40;
+
+/// Parameter counts of a model's parts (see `TransformerConfig::param_counts`).
+struct ParamCounts {
+    /// Query heads times head width.
+    attention_width: u128,
+    /// One layer's attention block.
+    attention: u128,
+    /// One layer's MLP.
+    mlp: u128,
+    /// The embedding matrix.
+    embed: u128,
+    /// The whole model.
+    total: u128,
+}
+
 /// The architecture of one decoder-only language model.
 ///
 /// Built from a HF `config.json` with [`TransformerConfig::from_hf_json`], or
@@ -184,27 +203,55 @@ impl TransformerConfig {
         .with_qkv_bias(family == Family::Qwen2)
     }
 
-    /// Number of parameters of a model with this config.
+    /// Number of parameters of a model with this config (saturating at
+    /// `usize::MAX` for sizes that [`TransformerConfig::validate`] refuses).
     pub fn num_params(&self) -> usize {
-        let h = self.hidden_size;
-        let q = self.num_heads * self.head_dim;
-        let kv = self.num_kv_heads * self.head_dim;
-        let attn = h * q
-            + 2 * h * kv
-            + q * h
-            + if self.qkv_bias { q + 2 * kv } else { 0 }
-            + if self.o_bias { h } else { 0 }
-            + if self.qk_norm { 2 * self.head_dim } else { 0 };
-        let mlp = 3 * h * self.intermediate_size
-            + if self.mlp_bias {
-                2 * self.intermediate_size + h
+        usize::try_from(self.param_counts().total).unwrap_or(usize::MAX)
+    }
+
+    /// Parameter counts of the model's parts, in saturating `u128`
+    /// arithmetic: no size from a `config.json` can overflow them.
+    fn param_counts(&self) -> ParamCounts {
+        let n = |x: usize| x as u128;
+        let h = n(self.hidden_size);
+        let q = n(self.num_heads).saturating_mul(n(self.head_dim));
+        let kv = n(self.num_kv_heads).saturating_mul(n(self.head_dim));
+        let attention = h
+            .saturating_mul(q.saturating_mul(2).saturating_add(kv.saturating_mul(2)))
+            .saturating_add(if self.qkv_bias {
+                q.saturating_add(kv.saturating_mul(2))
             } else {
                 0
-            };
-        let layer = attn + mlp + 2 * h;
-        let embed = self.vocab_size * h;
+            })
+            .saturating_add(if self.o_bias { h } else { 0 })
+            .saturating_add(if self.qk_norm {
+                2 * n(self.head_dim)
+            } else {
+                0
+            });
+        let inter = n(self.intermediate_size);
+        let mlp = h
+            .saturating_mul(inter)
+            .saturating_mul(3)
+            .saturating_add(if self.mlp_bias {
+                inter.saturating_mul(2).saturating_add(h)
+            } else {
+                0
+            });
+        let layer = attention.saturating_add(mlp).saturating_add(2 * h);
+        let embed = n(self.vocab_size).saturating_mul(h);
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        embed + head + self.num_layers * layer + h
+        let total = embed
+            .saturating_add(head)
+            .saturating_add(n(self.num_layers).saturating_mul(layer))
+            .saturating_add(h);
+        ParamCounts {
+            attention_width: q,
+            attention,
+            mlp,
+            embed,
+            total,
+        }
     }
 
     /// Checks the invariants the model relies on.
@@ -250,6 +297,38 @@ impl TransformerConfig {
                 format!("{} must be positive", self.rms_norm_eps),
             );
         }
+        // Bounds what a config makes us allocate, and every size product
+        // computed from it: the part that grows too big names its field.
+        let counts = self.param_counts();
+        for (name, value, count) in [
+            (
+                "num_attention_heads",
+                self.num_heads,
+                counts.attention_width,
+            ),
+            ("hidden_size", self.hidden_size, counts.attention),
+            ("intermediate_size", self.intermediate_size, counts.mlp),
+            ("vocab_size", self.vocab_size, counts.embed),
+            ("num_hidden_layers", self.num_layers, counts.total),
+        ] {
+            if count > MAX_PARAMS as u128 {
+                return field(
+                    name,
+                    format!(
+                        "{value} makes the model larger than the {MAX_PARAMS} parameters supported \
+                         (vocab_size {}, hidden_size {}, intermediate_size {}, num_hidden_layers {}, \
+                         num_attention_heads {}, num_key_value_heads {}, head_dim {})",
+                        self.vocab_size,
+                        self.hidden_size,
+                        self.intermediate_size,
+                        self.num_layers,
+                        self.num_heads,
+                        self.num_kv_heads,
+                        self.head_dim
+                    ),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -265,8 +344,11 @@ impl TransformerConfig {
 
     /// Reads a parsed HF `config.json` (either RoPE layout).
     pub fn from_hf_json(json: &Value) -> Result<Self> {
-        let hf: HfConfig = serde_json::from_value(json.clone())
-            .map_err(|e| ModelError::config(None, "(schema)", e.to_string()))?;
+        let hf: HfConfig = serde_path_to_error::deserialize(json).map_err(|e| {
+            let field = e.path().to_string();
+            let field = if field == "." { "(schema)" } else { &field };
+            ModelError::config(None, field, e.inner().to_string())
+        })?;
         hf.into_config()
     }
 
@@ -387,7 +469,16 @@ fn llama3_scaling(
         factor: need("factor")?,
         low_freq_factor: need("low_freq_factor")?,
         high_freq_factor: need("high_freq_factor")?,
-        original_max_position_embeddings: need("original_max_position_embeddings")? as usize,
+        original_max_position_embeddings: {
+            let n = need("original_max_position_embeddings")?;
+            if !(n >= 1.0 && n.fract() == 0.0 && n <= u32::MAX as f64) {
+                return Err(bad(
+                    "original_max_position_embeddings",
+                    format!("{n} must be a positive integer"),
+                ));
+            }
+            n as usize
+        },
     };
     for (key, value) in [
         ("factor", scaling.factor),
@@ -396,12 +487,6 @@ fn llama3_scaling(
         if value.is_nan() || value <= 0.0 {
             return Err(bad(key, format!("{value} must be positive")));
         }
-    }
-    if scaling.original_max_position_embeddings == 0 {
-        return Err(bad(
-            "original_max_position_embeddings",
-            "must be at least 1".into(),
-        ));
     }
     if scaling.high_freq_factor.is_nan() || scaling.high_freq_factor <= scaling.low_freq_factor {
         return Err(bad(
@@ -459,10 +544,17 @@ impl HfConfig {
                 }),
             }
         };
-        let theta = match (source, num("rope_theta")?) {
-            ("rope_parameters", Some(t)) => t,
-            _ => self.rope_theta.unwrap_or(10_000.0),
+        let (theta_field, theta) = match (source, num("rope_theta")?) {
+            ("rope_parameters", Some(t)) => ("rope_parameters.rope_theta", t),
+            _ => ("rope_theta", self.rope_theta.unwrap_or(10_000.0)),
         };
+        if theta.is_nan() || theta <= 0.0 {
+            return Err(ModelError::config(
+                None,
+                theta_field,
+                format!("{theta} must be positive"),
+            ));
+        }
         if let Some(p) = params {
             if !p.is_object() {
                 return Err(ModelError::config(

@@ -47,12 +47,66 @@ impl std::fmt::Debug for HfTokenizer {
     }
 }
 
-/// A special token as `tokenizer_config.json` writes it: a string, or an object with `content`.
-fn token_string(v: Option<&Value>) -> Option<String> {
-    match v? {
-        Value::String(s) => Some(s.clone()),
-        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
-        _ => None,
+/// Special token `field` as `tokenizer_config.json` (at `path`) writes it:
+/// a string, or an object with a string `content`; absent or null is none.
+fn token_string(config: &Value, field: &str, path: &Path) -> Result<Option<String>> {
+    match config.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Object(o)) if o.get("content").is_some_and(Value::is_string) => {
+            Ok(o.get("content").and_then(Value::as_str).map(str::to_string))
+        }
+        Some(other) => Err(ModelError::tokenizer(
+            Some(path),
+            format!("field `{field}` is {other}, expected a string or an object with a string `content`"),
+        )),
+    }
+}
+
+/// The `eos_token_id` of `generation_config.json` or `config.json` (at
+/// `path`): one token id or a list of them.
+fn eos_ids(file: &Value, path: &Path) -> Result<Vec<u32>> {
+    let ids = match file.get("eos_token_id") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(ids)) => ids.as_slice(),
+        Some(one) => std::slice::from_ref(one),
+    };
+    ids.iter()
+        .map(|id| {
+            id.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    ModelError::tokenizer(
+                        Some(path),
+                        format!(
+                            "field `eos_token_id` has {id}, expected token ids (integers from 0 to {})",
+                            u32::MAX
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Reads `tokenizer.json` with the `tokenizers` crate. That crate panics on
+/// some malformed files (a BPE `continuing_subword_prefix` longer than a
+/// merge's second token underflows a length); such a panic becomes an error
+/// naming the file.
+fn read_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
+    match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_file(path)) {
+        Ok(Ok(tokenizer)) => Ok(tokenizer),
+        Ok(Err(e)) => Err(ModelError::tokenizer(Some(path), e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(ModelError::tokenizer(
+                Some(path),
+                format!("is malformed: the tokenizers library failed reading it ({what})"),
+            ))
+        }
     }
 }
 
@@ -71,13 +125,18 @@ impl HfTokenizer {
     /// when present, `generation_config.json` and `config.json` for the EOS ids.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| ModelError::tokenizer(Some(&path), e.to_string()))?;
+        let inner = read_tokenizer(&path)?;
         let config_path = dir.join("tokenizer_config.json");
         let config = read_json(&config_path)?.unwrap_or(Value::Null);
-        let bos_token = token_string(config.get("bos_token"));
-        let eos_token = token_string(config.get("eos_token"));
-        let pad_token = token_string(config.get("pad_token"));
+        if !(config.is_object() || config.is_null()) {
+            return Err(ModelError::tokenizer(
+                Some(&config_path),
+                "is not a JSON object",
+            ));
+        }
+        let bos_token = token_string(&config, "bos_token", &config_path)?;
+        let eos_token = token_string(&config, "eos_token", &config_path)?;
+        let pad_token = token_string(&config, "pad_token", &config_path)?;
         let chat_template = match config.get("chat_template") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
@@ -124,14 +183,9 @@ impl HfTokenizer {
             .transpose()?;
         // generation_config.json often lists extra stop ids (Qwen3: <|im_end|> and <|endoftext|>).
         for file in ["generation_config.json", "config.json"] {
-            if let Some(v) = read_json(&dir.join(file))? {
-                match v.get("eos_token_id") {
-                    Some(Value::Number(n)) => eos.extend(n.as_u64().map(|n| n as u32)),
-                    Some(Value::Array(ids)) => {
-                        eos.extend(ids.iter().filter_map(Value::as_u64).map(|n| n as u32))
-                    }
-                    _ => {}
-                }
+            let path = dir.join(file);
+            if let Some(v) = read_json(&path)? {
+                eos.extend(eos_ids(&v, &path)?);
             }
         }
         let mut seen = std::collections::BTreeSet::new();

@@ -477,7 +477,9 @@ pub(crate) fn assemble<B: Backend>(
         c.num_heads * c.head_dim,
         c.num_kv_heads * c.head_dim,
     );
-    let mut layers = Vec::with_capacity(c.num_layers);
+    // Grown layer by layer: `num_layers` comes from a file, and a missing
+    // tensor ends the loop long before an absurd count is reached.
+    let mut layers = Vec::new();
     for i in 0..c.num_layers {
         let name = |rest: &str| format!("model.layers.{i}.{rest}");
         let projections = [

@@ -235,7 +235,36 @@ impl SafetensorsSet {
     }
 }
 
-/// Parses and checks the header of one safetensors file.
+/// The entries of a safetensors header in file order, duplicates kept: a map
+/// would silently keep only the last of two tensors with the same name.
+struct HeaderEntries(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for HeaderEntries {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> serde::de::Visitor<'de> for Entries {
+            type Value = HeaderEntries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of tensor entries")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<HeaderEntries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Value>()? {
+                    entries.push(entry);
+                }
+                Ok(HeaderEntries(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
+/// Parses and checks the header of one safetensors file: every size and
+/// offset is checked against the file before anything is allocated from it,
+/// and tensors may neither share a name nor overlap.
 fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, TensorEntry)>> {
     let err = |msg: String| ModelError::weights(path, msg);
     if bytes.len() < 8 {
@@ -244,9 +273,10 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
             bytes.len()
         )));
     }
-    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")) as usize;
-    let data_start = 8usize
-        .checked_add(header_len)
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    let data_start = usize::try_from(header_len)
+        .ok()
+        .and_then(|len| len.checked_add(8))
         .filter(|end| *end <= bytes.len())
         .ok_or_else(|| {
             err(format!(
@@ -254,15 +284,27 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
                 bytes.len()
             ))
         })?;
-    let header: BTreeMap<String, Value> = serde_json::from_slice(&bytes[8..data_start])
+    let HeaderEntries(header) = serde_json::from_slice(&bytes[8..data_start])
         .map_err(|e| err(format!("header is not valid safetensors JSON: {e}")))?;
     let data_len = bytes.len() - data_start;
+    let mut names = BTreeSet::new();
     let mut out = Vec::with_capacity(header.len());
     for (name, info) in header {
+        if !names.insert(name.clone()) {
+            return Err(err(format!("tensor `{name}` appears twice in the header")));
+        }
         if name == "__metadata__" {
             continue;
         }
-        let dtype_name = info.get("dtype").and_then(Value::as_str).unwrap_or("?");
+        let dtype_name = match info.get("dtype") {
+            Some(Value::String(s)) => s.as_str(),
+            Some(other) => {
+                return Err(err(format!(
+                    "tensor `{name}` has dtype {other}, expected a string (F32, F16 or BF16)"
+                )))
+            }
+            None => return Err(err(format!("tensor `{name}` has no `dtype`"))),
+        };
         let dtype = StorageDtype::from_safetensors_name(dtype_name).ok_or_else(|| {
             err(format!(
                 "tensor `{name}` has dtype {dtype_name}; supported: F32, F16, BF16"
@@ -273,16 +315,28 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
             .and_then(Value::as_array)
             .and_then(|dims| {
                 dims.iter()
-                    .map(|d| d.as_u64().map(|d| d as usize))
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
                     .collect()
             })
-            .ok_or_else(|| err(format!("tensor `{name}` has no valid `shape`")))?;
+            .ok_or_else(|| {
+                err(format!(
+                    "tensor `{name}` has no valid `shape` (a list of non-negative integers)"
+                ))
+            })?;
         let offsets: Vec<usize> = info
             .get("data_offsets")
             .and_then(Value::as_array)
-            .and_then(|o| o.iter().map(|d| d.as_u64().map(|d| d as usize)).collect())
+            .and_then(|o| {
+                o.iter()
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                    .collect()
+            })
             .filter(|o: &Vec<usize>| o.len() == 2 && o[0] <= o[1])
-            .ok_or_else(|| err(format!("tensor `{name}` has no valid `data_offsets`")))?;
+            .ok_or_else(|| {
+                err(format!(
+                    "tensor `{name}` has no valid `data_offsets` (two integers [begin, end], begin <= end)"
+                ))
+            })?;
         let (begin, end) = (offsets[0], offsets[1]);
         let expected = shape
             .iter()
@@ -309,7 +363,27 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
             },
         ));
     }
+    check_disjoint(&out).map_err(err)?;
     Ok(out)
+}
+
+/// Checks that no two tensors share a byte (empty tensors share none).
+fn check_disjoint(entries: &[(String, TensorEntry)]) -> std::result::Result<(), String> {
+    let mut ranges: Vec<(&str, &std::ops::Range<usize>)> = entries
+        .iter()
+        .filter(|(_, e)| !e.range.is_empty())
+        .map(|(name, e)| (name.as_str(), &e.range))
+        .collect();
+    ranges.sort_by_key(|(_, r)| (r.start, r.end));
+    for pair in ranges.windows(2) {
+        let ((a, ra), (b, rb)) = (pair[0], pair[1]);
+        if rb.start < ra.end {
+            return Err(format!(
+                "tensors `{a}` and `{b}` overlap (file bytes {ra:?} and {rb:?})"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// HF tensor name of layer `i`'s sub-tensor `rest`.

@@ -64,6 +64,8 @@ impl Default for TrainConfig {
 
 impl TrainConfig {
     /// Check ranges; the error names the field and what was expected.
+    /// Numbers must be finite (TOML spells `inf` and `nan`): "a positive
+    /// number" excludes infinity.
     pub fn validate(&self) -> Result<(), String> {
         let check = |ok: bool, field: &str, expected: &str| {
             if ok {
@@ -98,10 +100,18 @@ impl TrainConfig {
             "beta2",
             "a number in [0, 1)",
         )?;
-        check(self.epsilon > 0.0, "epsilon", "a positive number")?;
-        check(self.weight_decay >= 0.0, "weight_decay", "a number >= 0")?;
         check(
-            self.grad_clip.is_none_or(|c| c > 0.0),
+            self.epsilon.is_finite() && self.epsilon > 0.0,
+            "epsilon",
+            "a positive number",
+        )?;
+        check(
+            self.weight_decay.is_finite() && self.weight_decay >= 0.0,
+            "weight_decay",
+            "a finite number >= 0",
+        )?;
+        check(
+            self.grad_clip.is_none_or(|c| c.is_finite() && c > 0.0),
             "grad_clip",
             "a positive number",
         )?;
@@ -110,15 +120,19 @@ impl TrainConfig {
             "clip_low",
             "a number in [0, 1)",
         )?;
-        check(self.clip_high >= 0.0, "clip_high", "a number >= 0")?;
         check(
-            self.dual_clip.is_none_or(|c| c > 1.0),
+            self.clip_high.is_finite() && self.clip_high >= 0.0,
+            "clip_high",
+            "a finite number >= 0",
+        )?;
+        check(
+            self.dual_clip.is_none_or(|c| c.is_finite() && c > 1.0),
             "dual_clip",
-            "a number > 1",
+            "a finite number > 1",
         )?;
         check(self.micro_batch_size > 0, "micro_batch_size", "at least 1")?;
         check(
-            self.logprob_temperature > 0.0,
+            self.logprob_temperature.is_finite() && self.logprob_temperature > 0.0,
             "logprob_temperature",
             "a positive number",
         )?;

@@ -242,6 +242,10 @@ pub struct Study {
     pub method: String,
     /// The credit variant it is compared with (`outcome`).
     pub baseline: String,
+    /// A held-out accuracy for the secondary endpoint "training rollouts
+    /// until the curve first reaches it" (none: not reported).
+    #[serde(default)]
+    pub threshold: Option<f64>,
     /// Further credit variants, in `mappa ablate --credit` syntax
     /// (`mixed=0.5`, `scope=per_prompt_group`, ...).
     #[serde(default)]
@@ -420,8 +424,16 @@ impl Manifest {
                 return Err(format!("{key}: expected at least 1"));
             }
         }
-        if !(r.temperature > 0.0 && r.top_p > 0.0 && r.top_p <= 1.0) {
-            return Err("rollout.temperature > 0 and rollout.top_p in (0, 1] expected".into());
+        if !(r.temperature.is_finite() && r.temperature > 0.0 && r.top_p > 0.0 && r.top_p <= 1.0) {
+            return Err(
+                "rollout.temperature > 0 (finite) and rollout.top_p in (0, 1] expected".into(),
+            );
+        }
+        let t = self.eval.temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(format!(
+                "eval.temperature = {t}: expected a finite number >= 0 (0: greedy)"
+            ));
         }
         self.train.validate().map_err(|e| format!("train.{e}"))?;
         self.credit.validate().map_err(|e| format!("credit: {e}"))?;
