@@ -101,6 +101,7 @@ impl TryFrom<CoachTables> for CoachConfig {
     type Error = String;
 
     fn try_from(t: CoachTables) -> Result<Self, String> {
+        t.settings.validate().map_err(|e| format!("coach: {e}"))?;
         let judge = match (t.openai, t.local, t.scripted) {
             (Some(o), None, None) => Judge::OpenAi(o),
             (None, Some(l), None) => Judge::Local(l),

@@ -109,6 +109,44 @@ impl Default for LlmSettings {
     }
 }
 
+impl LlmSettings {
+    /// Check ranges; the error names the key and what was expected.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(0.0..=10.0).contains(&self.fallback_score) {
+            return Err(format!(
+                "settings.fallback_score = {}: expected a number in [0, 10]",
+                self.fallback_score
+            ));
+        }
+        if self.max_concurrency == 0 {
+            return Err("settings.max_concurrency = 0: expected at least 1".into());
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(format!(
+                "settings.temperature = {}: expected a finite number >= 0",
+                self.temperature
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.max_failed_fraction) {
+            return Err(format!(
+                "settings.max_failed_fraction = {}: expected a share in [0, 1]",
+                self.max_failed_fraction
+            ));
+        }
+        for (name, value) in [
+            ("max_outage_wait_s", self.max_outage_wait_s),
+            ("outage_poll_s", self.outage_poll_s),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(format!(
+                    "settings.{name} = {value}: expected a number of seconds >= 0"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a batch does when more than `max_failed_fraction` of its actions
 /// got no answer from the coach.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,33 +199,7 @@ impl<C: ChatBackend> LlmCoach<C> {
         settings: LlmSettings,
         cache: Option<CoachCache>,
     ) -> Result<Self, CoachError> {
-        if !(0.0..=10.0).contains(&settings.fallback_score) {
-            return Err(CoachError::Config(format!(
-                "fallback_score = {}: expected a number in [0, 10]",
-                settings.fallback_score
-            )));
-        }
-        if settings.max_concurrency == 0 {
-            return Err(CoachError::Config(
-                "max_concurrency = 0: expected at least 1".into(),
-            ));
-        }
-        if !(0.0..=1.0).contains(&settings.max_failed_fraction) {
-            return Err(CoachError::Config(format!(
-                "max_failed_fraction = {}: expected a share in [0, 1]",
-                settings.max_failed_fraction
-            )));
-        }
-        for (name, value) in [
-            ("max_outage_wait_s", settings.max_outage_wait_s),
-            ("outage_poll_s", settings.outage_poll_s),
-        ] {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(CoachError::Config(format!(
-                    "{name} = {value}: expected a number of seconds >= 0"
-                )));
-            }
-        }
+        settings.validate().map_err(CoachError::Config)?;
         Ok(Self {
             name: name.into(),
             backend,

@@ -363,6 +363,27 @@ mod tests {
     }
 
     #[test]
+    fn an_endless_rubric_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        for role in ["_base", "problem_solver", "code_executor", "verifier"] {
+            std::fs::write(
+                dir.path().join(format!("{role}.j2")),
+                "{% block system %}x{% endblock %}",
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            dir.path().join("verifier.j2"),
+            "{% block system %}{% for i in range(100000) %}{% for j in range(100000) %}x\
+             {% endfor %}{% endfor %}{% endblock %}",
+        )
+        .unwrap();
+        let set = RubricSet::from_dir(dir.path()).unwrap();
+        let err = set.render(&ctx("verifier"), true).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+    }
+
+    #[test]
     fn template_hashes_differ_by_role_and_follow_the_text() {
         let set = RubricSet::builtin("mathchat").unwrap();
         let a = set.template_sha256("problem_solver").unwrap();

@@ -1,6 +1,8 @@
-//! Hostile coach replies (issue 15): `parse_reply` reads whatever an LLM
-//! sends back, so it must never panic, and a score it returns must be a
-//! finite number in [0, 10] (anything else is rejected as no score).
+//! Hostile coach replies and coach configurations (issue 15): `parse_reply`
+//! reads whatever an LLM sends back, so it must never panic, and a score it
+//! returns must be a finite number in [0, 10] (anything else is rejected as
+//! no score); `CoachConfig::load` reads a user's file, so a broken one must
+//! be an error naming the file, never a panic.
 //!
 //! Cases per run (fixed, so that CI runs a bounded number):
 //!
@@ -8,9 +10,11 @@
 //! |---|---|
 //! | `any_text_parses_without_panicking` | 512 |
 //! | `score_lines_read_as_written_or_not_at_all` | 512 |
+//! | `mutated_coach_configs_load_or_name_the_file` | 256 |
 //!
-//! 1024 cases in all.
+//! 1280 cases in all.
 
+use mappa_judge::config::CoachConfig;
 use mappa_judge::parse::parse_reply;
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -102,4 +106,77 @@ fn leading_number(s: &str) -> Option<&str> {
     };
     let digits = int + frac.saturating_sub(1);
     (digits > 0).then(|| &s[..sign + int + frac])
+}
+
+/// A complete coach configuration, every table present (one judge).
+const COACH_TOML: &str = r#"domain = "mathchat"
+cache = "cache.sqlite"
+cache_mode = "read-write"
+
+[settings]
+coach_sees_ground_truth = true
+fallback_score = 5.0
+temperature = 0.0
+max_tokens = 1024
+max_concurrency = 8
+max_failed_fraction = 0.05
+on_outage = "stop"
+max_outage_wait_s = 3600.0
+outage_poll_s = 30.0
+
+[openai]
+base_url = "http://127.0.0.1:8000/v1"
+model = "judge"
+timeout_s = 120.0
+max_attempts = 6
+requests_per_minute = 60.0
+"#;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The configuration with lines dropped, values replaced by values of
+    /// other types and sizes, and bytes cut off: it loads, or the error
+    /// names the file; a configuration that loads has valid settings, and
+    /// building its coach never panics.
+    #[test]
+    fn mutated_coach_configs_load_or_name_the_file(
+        edits in proptest::collection::vec(
+            (0usize..24, select(vec![
+                "", "-1", "0", "1e309", "nan", "inf", "\"\"", "\"x\"", "[]", "{}", "true",
+                "18446744073709551616", "\"wait\"", "\"replay\"", "\"off\"", "2.5",
+            ])),
+            0..4,
+        ),
+        cut in proptest::option::of(0usize..700),
+    ) {
+        let mut lines: Vec<String> = COACH_TOML.lines().map(String::from).collect();
+        for (at, value) in edits {
+            let at = at % lines.len();
+            lines[at] = match lines[at].split_once(" = ") {
+                Some((key, _)) if !value.is_empty() => format!("{key} = {value}"),
+                _ => String::new(),
+            };
+        }
+        let mut text = lines.join("\n");
+        if let Some(cut) = cut {
+            let mut cut = cut.min(text.len());
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("coach.toml");
+        std::fs::write(&path, &text).unwrap();
+        match CoachConfig::load(&path) {
+            Ok(config) => {
+                prop_assert!(config.settings.validate().is_ok());
+                if let Err(e) = config.build() {
+                    prop_assert!(!e.to_string().is_empty());
+                }
+            }
+            Err(e) => prop_assert!(e.to_string().contains("coach.toml"), "{e}"),
+        }
+    }
 }
