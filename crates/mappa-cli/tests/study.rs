@@ -1,7 +1,8 @@
 //! `mappa reproduce arith --quick`, the CI profile of the CPU-scale study:
 //! every arm and seed runs, the report is well-formed (every arm in its
-//! tables, every plot written, the verdict agreeing with the numbers), and
-//! running it again gives the same numbers. The effect size is not checked
+//! tables, every plot written, the pre-registered verdict computed from the
+//! per-seed numbers, and not judged with too few seeds), and running it
+//! again gives the same numbers. The effect size is not checked
 //! here: the quick profile is too small to show one.
 
 use std::path::{Path, PathBuf};
@@ -69,19 +70,40 @@ fn check_report(dir: &Path, agents: [&str; 3]) -> Value {
         let row = format!("| {label}");
         assert!(report.contains(&row), "{label} missing from the report");
     }
-    // The verdict follows from the numbers.
+    // Each seed's learning-curve area is the mean of its curve after step 0.
+    for arm in arms {
+        let areas = arm["areas"].as_array().unwrap();
+        for (curve, area) in arm["per_seed_curves"].as_array().unwrap().iter().zip(areas) {
+            let after: Vec<f64> = curve
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p[0].as_f64().unwrap() > 0.0)
+                .map(|p| p[1].as_f64().unwrap())
+                .collect();
+            let mean = after.iter().sum::<f64>() / after.len() as f64;
+            assert!((mean - area.as_f64().unwrap()).abs() < 1e-12);
+        }
+    }
+    // The verdict follows from the numbers: the paired differences are the
+    // method's areas minus the baseline's, seed by seed; two seeds cannot
+    // reach alpha, so the quick profile is not judged, and says so.
     let verdict = &summary["verdict"];
+    assert_eq!(verdict["method"], "process");
+    assert_eq!(verdict["baseline"], "outcome");
     let (m, b) = (&arms[0], &arms[1]);
-    let difference = m["mean"].as_f64().unwrap() - b["mean"].as_f64().unwrap();
-    let threshold = 2.0 * m["std"].as_f64().unwrap().max(b["std"].as_f64().unwrap());
-    assert!((verdict["difference"].as_f64().unwrap() - difference).abs() < 1e-12);
-    assert_eq!(verdict["holds"].as_bool().unwrap(), difference > threshold);
-    let said = if difference > threshold {
-        "The claim holds here"
-    } else {
-        "The claim does not hold here"
-    };
-    assert!(report.contains(said), "{report}");
+    let diffs = verdict["primary"]["differences"].as_array().unwrap();
+    assert_eq!(diffs.len() as u64, seeds);
+    for (i, d) in diffs.iter().enumerate() {
+        let expected = m["areas"][i].as_f64().unwrap() - b["areas"][i].as_f64().unwrap();
+        assert!((d.as_f64().unwrap() - expected).abs() < 1e-12);
+    }
+    assert!(seeds < verdict["min_seeds"].as_u64().unwrap());
+    assert!(verdict["holds"].is_null());
+    assert!(
+        report.contains("**Not judged:**") && report.contains("needs at least 5"),
+        "{report}"
+    );
     let plots = [
         "accuracy.svg".to_string(),
         "coach.svg".to_string(),

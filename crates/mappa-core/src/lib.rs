@@ -7,6 +7,8 @@
 //!   write never destroys what was already on disk.
 //! - [`chat`]: the chat message agents and coaches exchange.
 //! - [`stats`]: means and standard deviations (population and sample).
+//! - [`paired`]: the paired test that decides a study's claim (sign-flip
+//!   permutation test, bootstrap interval, detectable effect).
 //! - [`error`]: the error type of this crate.
 
 #![warn(missing_docs)]
@@ -15,6 +17,7 @@ pub mod chat;
 pub mod error;
 pub mod fs;
 pub mod hash;
+pub mod paired;
 pub mod rng;
 pub mod stats;
 

@@ -80,11 +80,47 @@ pub struct TrainLine {
     /// Absent in records written before it existed.
     #[serde(default)]
     pub coach_fallbacks: BTreeMap<String, usize>,
+    /// Whether every trajectory of the step failed, or every one succeeded:
+    /// then outcome-only credit has nothing to compare (after normalisation
+    /// its advantages are zero, and the step teaches only the KL term).
+    /// None for a step with both outcomes, and in records written before it
+    /// existed.
+    #[serde(default)]
+    pub uniform_outcome: Option<UniformOutcome>,
     /// The share of tool-using agents' actions that ran code (`None`
     /// when the workflow has no tool).
     pub tool_call_rate: Option<f64>,
     /// Each agent's optimiser step.
     pub agents: Vec<StepMetrics>,
+}
+
+/// A training step whose trajectories all ended the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UniformOutcome {
+    /// Every trajectory failed.
+    AllFailed,
+    /// Every trajectory succeeded.
+    AllSucceeded,
+}
+
+impl UniformOutcome {
+    /// The step's uniform outcome, if its `outcomes` (1 success, 0 failure) are all equal.
+    pub fn of(outcomes: impl IntoIterator<Item = f64>) -> Option<Self> {
+        let (mut any_success, mut any_failure) = (false, false);
+        for outcome in outcomes {
+            if outcome > 0.5 {
+                any_success = true;
+            } else {
+                any_failure = true;
+            }
+        }
+        match (any_success, any_failure) {
+            (true, false) => Some(UniformOutcome::AllSucceeded),
+            (false, true) => Some(UniformOutcome::AllFailed),
+            _ => None,
+        }
+    }
 }
 
 impl TrainLine {
@@ -255,6 +291,22 @@ mod tests {
             checkpoint: None,
             policy: None,
         })
+    }
+
+    #[test]
+    fn uniform_outcomes_are_named() {
+        assert_eq!(
+            UniformOutcome::of([0.0, 0.0]),
+            Some(UniformOutcome::AllFailed)
+        );
+        assert_eq!(
+            UniformOutcome::of([1.0, 1.0]),
+            Some(UniformOutcome::AllSucceeded)
+        );
+        assert_eq!(UniformOutcome::of([1.0, 0.0]), None);
+        assert_eq!(UniformOutcome::of([]), None);
+        let json = serde_json::to_string(&UniformOutcome::AllFailed).unwrap();
+        assert_eq!(json, "\"all-failed\"");
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //!   variants; it registers no claim, so it has no verdict.
 //!
 //! [`plan`] makes the arms and runs, [`execute`] runs them as child `mappa
-//! run` processes a few at a time, [`summarise`] computes the numbers and
-//! [`render`] writes `report.md`, `summary.json` and the plots.
+//! run` processes a few at a time, [`summarise`] computes the numbers,
+//! [`verdict`] the pre-registered test of the claim, and [`render`] writes
+//! `report.md`, `summary.json` and the plots.
 //!
 //! The warm start is shared: the first run makes it alone, the others start
 //! once it is cached. A finished run (same manifest, same code) is reused,
@@ -24,6 +25,7 @@ pub mod execute;
 pub mod plan;
 pub mod render;
 pub mod summarise;
+pub mod verdict;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -5,9 +5,9 @@
 //! simulated), `summary.json` with the same numbers for machines, and SVG
 //! plots.
 //!
-//! The verdict is computed, never written by hand: the method beats the
-//! baseline when its mean final accuracy exceeds the baseline's by more
-//! than twice the larger of the two arms' seed-to-seed standard deviations.
+//! The verdict is computed, never written by hand, by the pre-registered
+//! analysis of [`super::verdict`]: a one-sided sign-flip test of the
+//! per-seed differences in learning-curve area.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +16,8 @@ use mappa_agents::{Tool, Workflow};
 use mappa_judge::config::{CoachConfig, Judge};
 use mappa_train::manifest::Manifest;
 
-use super::summarise::{smooth, summarise, ArmSummary, Verdict};
+use super::summarise::{smooth, summarise, ArmSummary};
+use super::verdict::Verdict;
 use super::{Profile, StudyData};
 use crate::plot::{chart, Point, Series, Style};
 
@@ -26,7 +27,7 @@ fn pct(x: f64) -> String {
 
 /// Write report.md, summary.json and the plots.
 pub fn write(data: &StudyData) -> anyhow::Result<()> {
-    let (arms, verdict) = summarise(data);
+    let (arms, verdict) = summarise(data)?;
     let agents: Vec<String> = arms
         .first()
         .map(|a| a.reward.keys().cloned().collect())
@@ -92,22 +93,71 @@ fn header(data: &StudyData, verdict: Option<&Verdict>) -> String {
 /// The verdict (a claim), or why there is none (an ablation).
 fn verdict_section(data: &StudyData, arms: &[ArmSummary], verdict: Option<&Verdict>) -> String {
     let mut md = String::from("## Verdict\n\n");
-    let Some(verdict) = verdict else {
+    let Some(v) = verdict else {
         md.push_str("None: an ablation registers no claim before its runs, so its numbers are exploratory. Put a claim (`method`, `baseline`) in the manifest's `[study]` to test one.\n\n");
         return md;
     };
     let label = |l: &str| arms.iter().find(|a| a.label == l).expect("a claim's arm");
-    let (m, b) = (label(&verdict.method), label(&verdict.baseline));
-    let numbers = format!(
-        "`{}` ends at {} ± {} held-out accuracy, `{}` at {} ± {} (mean ± standard deviation over {} seeds). The difference is {:+.1} points; twice the larger seed-to-seed standard deviation is {:.1} points.",
-        m.label, pct(m.mean), pct(m.std), b.label, pct(b.mean), pct(b.std), data.seeds,
-        100.0 * verdict.difference, 100.0 * verdict.threshold
+    let (m, b) = (label(&v.method), label(&v.baseline));
+    let p = &v.primary;
+    let n = p.seeds.len();
+    let test = format!(
+        "Endpoint: the {}. `{}`: {} ± {}, `{}`: {} ± {} (mean ± standard deviation over seeds). Paired by seed (same data order and warm start), `{}` minus `{}` is {:+.1} points on average (95% bootstrap interval {:+.1} to {:+.1}); one-sided exact sign-flip test over {n} paired seeds: p = {:.4} (alpha = {}).",
+        v.endpoint, m.label, pct(m.area_mean), pct(m.area_std), b.label, pct(b.area_mean), pct(b.area_std),
+        m.label, b.label, 100.0 * p.mean_difference, 100.0 * v.interval_95.0, 100.0 * v.interval_95.1,
+        p.p_value, v.alpha
     );
-    md.push_str(&match verdict.holds {
-        Some(true) => format!("**The claim holds here:** {numbers}\n\n"),
-        Some(false) => format!("**The claim does not hold here:** {numbers} The difference is within seed-to-seed noise (or negative), so this study does not show `{}` beating `{}`.\n\n", m.label, b.label),
-        None => format!("**Not judged** (one seed gives no spread): {numbers}\n\n"),
+    md.push_str(&match v.holds {
+        Some(true) => format!("**The claim holds:** `{}` beats `{}`. {test}\n\n", m.label, b.label),
+        Some(false) => format!("**The claim does not hold:** this study does not show `{}` beating `{}`. {test}\n\n", m.label, b.label),
+        None => format!("**Not judged:** {n} paired seeds, and the test needs at least {} to be able to reach alpha = {} (its smallest p-value is 2^-n). {test}\n\n", v.min_seeds, v.alpha),
     });
+    md.push_str(&match v.detectable_effect {
+        Some(d) => format!("Power: with the observed spread of the paired differences (standard deviation {:.1} points), {n} seeds detect a mean gain of {:.1} points with probability {:.0}% (simulated).\n\n", 100.0 * p.std_difference, 100.0 * d, 100.0 * super::verdict::POWER),
+        None => format!("Power: none; {n} seeds cannot reach alpha = {} whatever the effect.\n\n", v.alpha),
+    });
+    let f = &v.final_accuracy;
+    md.push_str(&format!(
+        "Secondary, final held-out accuracy: {:+.1} points on average (sign-flip p = {:.4}).",
+        100.0 * f.mean_difference,
+        f.p_value
+    ));
+    if let Some(r) = &v.rollouts_to_threshold {
+        let show = |xs: &[Option<u64>]| {
+            xs.iter()
+                .map(|x| x.map_or("never".into(), |x| x.to_string()))
+                .collect::<Vec<String>>()
+                .join(", ")
+        };
+        md.push_str(&format!(
+            " Training rollouts until held-out accuracy first reached {} per seed: `{}` {}; `{}` {}.",
+            pct(r.threshold),
+            m.label,
+            show(&r.method),
+            b.label,
+            show(&r.baseline)
+        ));
+    }
+    md.push_str("\n\n| seed | ");
+    md.push_str(&format!(
+        "`{}` area | `{}` area | difference |\n|---|---|---|---|\n",
+        m.label, b.label
+    ));
+    for (i, seed) in p.seeds.iter().enumerate() {
+        let at = |a: &ArmSummary| {
+            a.seeds
+                .iter()
+                .position(|s| s == seed)
+                .map_or("-".into(), |j| pct(a.areas[j]))
+        };
+        md.push_str(&format!(
+            "| {seed} | {} | {} | {:+.1} |\n",
+            at(m),
+            at(b),
+            100.0 * p.differences[i]
+        ));
+    }
+    md.push_str(&format!("\nThe analysis (endpoint, pairing, test, alpha) is fixed in `crates/mappa-cli/src/study/verdict.rs`; {} seeds were run.\n\n", data.seeds));
     md
 }
 
@@ -118,7 +168,7 @@ fn finals_section(data: &StudyData, arms: &[ArmSummary], verdict: Option<&Verdic
         .iter()
         .find(|a| a.label == reference)
         .map_or(0.0, |a| a.mean);
-    let mut md = format!("## Final held-out accuracy\n\n| arm | start | final (mean ± std) | per seed | rollouts to reach `{reference}`'s final |\n|---|---|---|---|---|\n");
+    let mut md = format!("## Final held-out accuracy\n\n| arm | start | final (mean ± std) | per seed | learning-curve area (mean ± std) | rollouts to reach `{reference}`'s final | steps all failed / all succeeded |\n|---|---|---|---|---|---|---|\n");
     for arm in arms {
         let coach_arm = if arm.group == "coach" {
             " *(coach arm)*"
@@ -127,19 +177,23 @@ fn finals_section(data: &StudyData, arms: &[ArmSummary], verdict: Option<&Verdic
         };
         let each: Vec<String> = arm.finals.iter().map(|v| pct(*v)).collect();
         md.push_str(&format!(
-            "| {}{coach_arm} | {} | {} ± {} | {} | {} |\n",
+            "| {}{coach_arm} | {} | {} ± {} | {} | {} ± {} | {} | {} / {} |\n",
             arm.label,
             pct(arm.start),
             pct(arm.mean),
             pct(arm.std),
             each.join(", "),
+            pct(arm.area_mean),
+            pct(arm.area_std),
             arm.rollouts_to_baseline_final
                 .map_or("not reached".to_string(), |n| n.to_string()),
+            pct(arm.all_failed_steps),
+            pct(arm.all_succeeded_steps),
         ));
     }
     let r = &data.base.rollout;
     md.push_str(&format!(
-        "\nRollouts are training trajectories ({} per step) until the arm's mean curve first reached `{reference}`'s final mean accuracy ({}); evaluations happen every {} steps, so this is resolved to that grain.\n\n",
+        "\nRollouts are training trajectories ({} per step) until the arm's mean curve first reached `{reference}`'s final mean accuracy ({}); evaluations happen every {} steps, so this is resolved to that grain. The last column is the share of training steps (over all seeds) in which every trajectory failed, or every one succeeded: in such a step outcome-only credit has nothing to compare and learns only from the KL term.\n\n",
         r.prompts_per_step * r.samples_per_prompt,
         pct(target),
         data.base.eval.every.max(1)

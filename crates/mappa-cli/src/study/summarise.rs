@@ -1,14 +1,16 @@
-//! A study's numbers: per arm the final held-out accuracy per seed (mean
-//! and standard deviation), accuracy curves over training, the rollouts
-//! each arm needed to reach the reference arm's final accuracy, per-agent
-//! reward and coach-score curves; and the verdict on the method against the
-//! baseline, for a study that makes a claim.
+//! A study's numbers: per arm and seed the learning-curve area and the
+//! final held-out accuracy (with their means and standard deviations), the
+//! held-out curves per seed and averaged, the rollouts each arm needed to
+//! reach the reference arm's final accuracy, per-agent reward and
+//! coach-score curves; and, for a study that makes a claim, the verdict of
+//! the pre-registered analysis ([`super::verdict`]).
 
 use std::collections::BTreeMap;
 
-use mappa_train::records::TrainLine;
+use mappa_train::records::{TrainLine, UniformOutcome};
 use serde::Serialize;
 
+use super::verdict::{verdict, Verdict};
 use super::{ArmGroup, StudyData};
 use crate::plot::Point;
 use crate::report::RunData;
@@ -21,6 +23,15 @@ pub struct ArmSummary {
     pub label: String,
     /// `credit` or `coach`.
     pub group: &'static str,
+    /// The seed of each run, in the order of the per-seed lists below.
+    pub seeds: Vec<u64>,
+    /// Learning-curve area per seed: the mean held-out accuracy over the
+    /// evaluations after step 0 (the primary endpoint).
+    pub areas: Vec<f64>,
+    /// Mean of `areas`.
+    pub area_mean: f64,
+    /// Standard deviation of `areas`.
+    pub area_std: f64,
     /// Final held-out accuracy per seed.
     pub finals: Vec<f64>,
     /// Mean of `finals`.
@@ -29,30 +40,23 @@ pub struct ArmSummary {
     pub std: f64,
     /// Held-out accuracy before training, mean over seeds.
     pub start: f64,
-    /// Held-out accuracy over training steps.
+    /// Held-out accuracy over training steps, mean over seeds.
     pub curve: Vec<Point>,
+    /// Held-out accuracy over training steps, per seed: (step, accuracy).
+    pub per_seed_curves: Vec<Vec<(f64, f64)>>,
     /// Training trajectories until the mean curve first reached the
     /// baseline's final mean accuracy (None: never).
     pub rollouts_to_baseline_final: Option<u64>,
+    /// The share of training steps (over every seed) in which every
+    /// trajectory failed: outcome-only credit learns nothing from them but
+    /// the KL term.
+    pub all_failed_steps: f64,
+    /// The share of training steps in which every trajectory succeeded.
+    pub all_succeeded_steps: f64,
     /// Per agent: mean training reward per step, mean over seeds.
     pub reward: BTreeMap<String, Vec<Point>>,
     /// Per agent: mean coach score per step (0-10), mean over seeds.
     pub coach_score: BTreeMap<String, Vec<Point>>,
-}
-
-/// The verdict on the method against the baseline.
-#[derive(Debug, Clone, Serialize)]
-pub struct Verdict {
-    /// The method arm's label.
-    pub method: String,
-    /// The baseline arm's label.
-    pub baseline: String,
-    /// Method minus baseline mean final accuracy.
-    pub difference: f64,
-    /// Twice the larger seed-to-seed standard deviation.
-    pub threshold: f64,
-    /// None when there are too few seeds to judge.
-    pub holds: Option<bool>,
 }
 
 /// (step, value) per seed, averaged over seeds at the steps every seed has.
@@ -75,6 +79,18 @@ fn average(per_seed: &[Vec<(f64, f64)>]) -> Vec<Point> {
 
 fn eval_series(run: &RunData) -> Vec<(f64, f64)> {
     run.eval_series(|m| Some(m.accuracy))
+}
+
+/// The learning-curve area of one run: mean held-out accuracy over the
+/// evaluations after step 0 (0 when there are none).
+fn area(curve: &[(f64, f64)]) -> f64 {
+    let after: Vec<f64> = curve.iter().filter(|p| p.0 > 0.0).map(|p| p.1).collect();
+    after.iter().sum::<f64>() / after.len().max(1) as f64
+}
+
+/// The seed a run was made with (from its lock file).
+fn run_seed(run: &RunData) -> Option<u64> {
+    run.lock["manifest"]["seed"].as_u64()
 }
 
 /// Per agent: (step, value) of the train lines.
@@ -144,6 +160,23 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         .filter_map(|e| e.first().map(|p| p.1))
         .collect();
     let (mean, std) = mean_sample_std(&finals);
+    let areas: Vec<f64> = evals.iter().map(|e| area(e)).collect();
+    let (area_mean, area_std) = mean_sample_std(&areas);
+    let seeds: Vec<u64> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| run_seed(r).unwrap_or(i as u64))
+        .collect();
+    let (mut steps, mut all_failed, mut all_succeeded) = (0usize, 0usize, 0usize);
+    for step in runs.iter().flat_map(|r| r.train_steps()) {
+        steps += 1;
+        match step.uniform_outcome {
+            Some(UniformOutcome::AllFailed) => all_failed += 1,
+            Some(UniformOutcome::AllSucceeded) => all_succeeded += 1,
+            None => {}
+        }
+    }
+    let share = |n: usize| n as f64 / steps.max(1) as f64;
     let rewards: Vec<_> = runs
         .iter()
         .map(|r| agent_series(r, |m, a| Some(m.agent(a)?.mean_reward)))
@@ -158,27 +191,42 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
             ArmGroup::Credit => "credit",
             ArmGroup::Coach => "coach",
         },
+        seeds,
+        areas,
+        area_mean,
+        area_std,
         finals,
         mean,
         std,
         start: mean_sample_std(&starts).0,
         curve: average(&evals),
+        per_seed_curves: evals,
         rollouts_to_baseline_final: None,
+        all_failed_steps: share(all_failed),
+        all_succeeded_steps: share(all_succeeded),
         reward: agent_average(&rewards),
         coach_score: agent_average(&scores),
     }
 }
 
-/// Every arm's numbers, and the verdict when the study makes a claim. The
-/// rollouts each arm needed are counted to the reference arm's final mean
-/// (the baseline; the first arm of an ablation).
-pub fn summarise(data: &StudyData) -> (Vec<ArmSummary>, Option<Verdict>) {
+/// Every arm's numbers, and the verdict when the study makes a claim (an
+/// error when the claim is invalid: see [`verdict`]). The rollouts each arm
+/// needed are counted to the reference arm's final mean (the baseline; the
+/// first arm of an ablation).
+pub fn summarise(data: &StudyData) -> anyhow::Result<(Vec<ArmSummary>, Option<Verdict>)> {
     let mut arms: Vec<ArmSummary> = (0..data.arms.len())
         .map(|i| summarise_arm(data, i))
         .collect();
-    let claim = data.question.arms(data.arms);
-    let reference = claim.map_or(0, |(_, baseline)| baseline);
-    let target = arms.get(reference).map_or(f64::INFINITY, |b| b.mean);
+    let claim = match data.question {
+        super::Question::Claim { method, baseline } => Some((method, baseline)),
+        super::Question::Ablation => None,
+    };
+    let reference = claim.map_or(arms.first().map(|a| a.label.clone()), |(_, b)| {
+        Some(b.clone())
+    });
+    let target = reference
+        .and_then(|r| arms.iter().find(|a| a.label == r))
+        .map_or(f64::INFINITY, |b| b.mean);
     let per_step =
         (data.base.rollout.prompts_per_step * data.base.rollout.samples_per_prompt) as u64;
     for arm in &mut arms {
@@ -188,19 +236,48 @@ pub fn summarise(data: &StudyData) -> (Vec<ArmSummary>, Option<Verdict>) {
             .find(|p| p.mean >= target - 1e-12)
             .map(|p| p.step as u64 * per_step);
     }
-    let verdict = claim.map(|(m, b)| {
-        let (m, b) = (&arms[m], &arms[b]);
-        let threshold = 2.0 * m.std.max(b.std);
-        let difference = m.mean - b.mean;
-        Verdict {
-            method: m.label.clone(),
-            baseline: b.label.clone(),
-            difference,
-            threshold,
-            holds: (data.seeds >= 2).then_some(difference > threshold),
+    let verdict = claim
+        .map(|(method, baseline)| {
+            verdict(
+                method,
+                baseline,
+                &arms,
+                data.base.seed,
+                data.study.and_then(|s| s.threshold),
+                per_step,
+            )
+        })
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", data.name))?;
+    Ok((arms, verdict))
+}
+
+#[cfg(test)]
+impl ArmSummary {
+    /// An arm for tests of the verdict: seed `s + 1` has held-out accuracy
+    /// 0 at step 0, then `areas[s]` at step 1 (its area and final).
+    pub(crate) fn synthetic(label: &str, areas: &[f64]) -> Self {
+        let (area_mean, area_std) = mean_sample_std(areas);
+        Self {
+            label: label.into(),
+            group: "credit",
+            seeds: (1..=areas.len() as u64).collect(),
+            areas: areas.to_vec(),
+            area_mean,
+            area_std,
+            finals: areas.to_vec(),
+            mean: area_mean,
+            std: area_std,
+            start: 0.0,
+            curve: Vec::new(),
+            per_seed_curves: areas.iter().map(|a| vec![(0.0, 0.0), (1.0, *a)]).collect(),
+            rollouts_to_baseline_final: None,
+            all_failed_steps: 0.0,
+            all_succeeded_steps: 0.0,
+            reward: BTreeMap::new(),
+            coach_score: BTreeMap::new(),
         }
-    });
-    (arms, verdict)
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,9 @@ use mappa_model::AutodiffModelBackend;
 use super::remove_work;
 use super::runner::Runner;
 use crate::learner::{StepMetrics, TrainSample};
-use crate::records::{ActionLine, EvalLine, TrainLine, TrajectoryLine, SCHEMA_VERSION};
+use crate::records::{
+    ActionLine, EvalLine, TrainLine, TrajectoryLine, UniformOutcome, SCHEMA_VERSION,
+};
 use crate::step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
 use crate::tasks::{Graded, TaskSet};
 use crate::TrainError;
@@ -169,6 +171,7 @@ pub(super) fn record(
             .map(|(role, (sum, n))| (role, sum / n as f64))
             .collect(),
         coach_fallbacks: fallbacks,
+        uniform_outcome: UniformOutcome::of(scored.iter().map(|t| t.graded.outcome)),
         tool_call_rate: (tool_actions > 0).then(|| with_code as f64 / tool_actions as f64),
         agents,
     };
