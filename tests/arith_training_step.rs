@@ -16,7 +16,7 @@ use mappa_agents::{
 use mappa_credit::CreditConfig;
 use mappa_env::math_tasks::{generate_mix, GeneratedProblem};
 use mappa_env::sandbox::{find_python, Sandbox, SandboxConfig, Status};
-use mappa_judge::scripted::{ScriptedCoach, ScriptedConfig, Strength};
+use mappa_judge::scripted::{ScriptedCoach, ScriptedConfig, Strength, View};
 use mappa_judge::{Coach, KnownSolution};
 use mappa_model::weights::{hf_tensors, load_transformer};
 use mappa_model::{ChatTemplate, HfTokenizer, Tokenizer};
@@ -172,11 +172,8 @@ fn one_arith_step_trains_every_agent_on_its_own_untruncated_actions() {
     assert_eq!(trajectories.len(), 4);
 
     let coach = ScriptedCoach::new(ScriptedConfig {
-        strength: Strength::Medium,
-        noise_std: None,
-        bias: Default::default(),
         seed: 1,
-        judge_against_input: false,
+        ..ScriptedConfig::new(View::Oracle, Strength::Medium)
     })
     .unwrap();
     let eos = tokenizer.eos_token_ids()[0];

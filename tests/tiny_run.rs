@@ -25,6 +25,9 @@
 //! machinery only) with a fake OpenAI-compatible judge, records a coach
 //! cache, and replays the run from it with no coach reachable.
 //! `warm_start_is_trained_once_and_reused` checks the warm-start cache.
+//! `an_input_only_coach_reports_its_accuracy` runs the tiny-arith manifest
+//! under the input-only scripted coach and checks its per-role accuracy in
+//! the metrics.
 
 use std::path::{Path, PathBuf};
 
@@ -307,4 +310,30 @@ fn warm_start_is_trained_once_and_reused() {
     );
     assert_eq!(first, second);
     assert!(cache[0].join("verifier/model.safetensors").exists());
+}
+
+#[test]
+fn an_input_only_coach_reports_its_accuracy() {
+    let dir = scratch();
+    let mut manifest = manifest();
+    let Judge::Scripted(scripted) = &mut manifest.coach.judge else {
+        panic!("tiny-arith has a scripted coach");
+    };
+    scripted.view = mappa_judge::scripted::View::InputOnly;
+    scripted.slip_rate = 0.2;
+    let (metrics, trajectories) = run_in(dir.path(), &manifest, &RunOptions::default());
+    let train: Vec<&Value> = metrics.iter().filter(|m| m["kind"] == "train").collect();
+    assert_eq!(train.len(), 3);
+    for line in train {
+        let accuracy = line["coach_accuracy"].as_object().unwrap();
+        assert_eq!(accuracy.len(), 3, "{line}");
+        assert!(accuracy
+            .values()
+            .all(|a| (0.0..=1.0).contains(&a.as_f64().unwrap())));
+    }
+    let rationale = trajectories[0]["actions"][0]["rationale"].as_str().unwrap();
+    assert!(
+        rationale.starts_with("[scripted coach: input-only, medium]"),
+        "{rationale}"
+    );
 }

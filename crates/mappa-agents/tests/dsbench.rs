@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use mappa_agents::{PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Trajectory, Workflow};
 use mappa_env::sandbox::{find_python, Sandbox, SandboxConfig};
 use mappa_env::tabular::{evaluate, generate_task, GeneratedTask, SpecKind, TaskSpec};
-use mappa_judge::scripted::{ScriptedCoach, ScriptedConfig, Strength};
+use mappa_judge::scripted::{ScriptedCoach, ScriptedConfig, Strength, View};
 use mappa_judge::{Coach, KnownSolution};
 
 fn workspace() -> PathBuf {
@@ -145,11 +145,8 @@ fn coach_scores(t: &Trajectory, g: &GeneratedTask, quality: Option<f64>) -> Vec<
         c.solution.as_mut().unwrap().quality = quality;
     }
     let coach = ScriptedCoach::new(ScriptedConfig {
-        strength: Strength::Strong,
         noise_std: Some(0.0),
-        bias: Default::default(),
-        seed: 0,
-        judge_against_input: false,
+        ..ScriptedConfig::new(View::Oracle, Strength::Strong)
     })
     .unwrap();
     coach

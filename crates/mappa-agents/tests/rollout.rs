@@ -8,7 +8,7 @@ use std::sync::Arc;
 use mappa_agents::{PolicyRequest, RolloutEngine, ScriptedPolicy, TaskInput, Trajectory, Workflow};
 use mappa_env::math_tasks::{generate_mix, GeneratedProblem};
 use mappa_env::sandbox::{find_python, Sandbox, SandboxConfig, Status};
-use mappa_judge::scripted::{ScriptedCoach, ScriptedConfig, Strength};
+use mappa_judge::scripted::{ScriptedCoach, ScriptedConfig, Strength, View};
 use mappa_judge::{Coach, KnownSolution};
 
 fn workspace() -> PathBuf {
@@ -167,11 +167,8 @@ fn the_scripted_coach_scores_every_action_from_the_known_solution() {
     let trajectories = run(dir.path(), &problems);
     let workflow = Workflow::load(&workspace().join("experiments/workflows/arith.toml")).unwrap();
     let coach = ScriptedCoach::new(ScriptedConfig {
-        strength: Strength::Strong,
         noise_std: Some(0.0),
-        bias: Default::default(),
-        seed: 0,
-        judge_against_input: false,
+        ..ScriptedConfig::new(View::Oracle, Strength::Strong)
     })
     .unwrap();
     let all_tasks = tasks(&problems);
@@ -187,6 +184,6 @@ fn the_scripted_coach_scores_every_action_from_the_known_solution() {
             scores[3]
         );
         assert_eq!(scores[3].answer_correct, Some(true));
-        assert!(scores.iter().all(|s| s.coach == "scripted-strong"));
+        assert!(scores.iter().all(|s| s.coach == "scripted-oracle-strong"));
     }
 }

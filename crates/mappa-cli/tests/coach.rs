@@ -90,7 +90,7 @@ fn scores_actions_against_a_local_openai_compatible_server() {
 fn scripted_coach_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("coach.toml");
-    std::fs::write(&config, "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[scripted]\nstrength = \"strong\"\nseed = 3\n")
+    std::fs::write(&config, "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[scripted]\nview = \"oracle\"\nstrength = \"strong\"\nseed = 3\n")
         .unwrap();
     let input = actions_file(dir.path());
     let out = succeeds(
@@ -102,11 +102,11 @@ fn scripted_coach_says_so() {
     );
     let scores = rows(&out.stdout);
     for s in &scores {
-        assert_eq!(s["score"]["coach"], "scripted-strong");
+        assert_eq!(s["score"]["coach"], "scripted-oracle-strong");
         assert!(s["score"]["raw_response"]
             .as_str()
             .unwrap()
-            .contains("[scripted coach: strong]"));
+            .contains("[scripted coach: oracle, strong]"));
     }
     assert!(
         scores[1]["score"]["score"].as_f64().unwrap() >= 8.5,
@@ -168,7 +168,7 @@ fn bad_input_lines_are_named() {
     let config = dir.path().join("coach.toml");
     std::fs::write(
         &config,
-        "domain = \"mathchat\"\ncache_mode = \"off\"\n[scripted]\nstrength = \"weak\"\n",
+        "domain = \"mathchat\"\ncache_mode = \"off\"\n[scripted]\nview = \"oracle\"\nstrength = \"weak\"\n",
     )
     .unwrap();
     let input = dir.path().join("actions.jsonl");
@@ -188,7 +188,7 @@ fn bad_input_lines_are_named() {
     );
     std::fs::write(
         &config,
-        "domain = \"mathchat\"\n[scripted]\nstrength = \"mighty\"\n",
+        "domain = \"mathchat\"\n[scripted]\nview = \"oracle\"\nstrength = \"mighty\"\n",
     )
     .unwrap();
     let out = mappa()

@@ -7,6 +7,8 @@
 //!   without replacement, and train/eval overlap checks.
 //! - [`math_tasks`]: a seeded generator of small AIME-format problems
 //!   (integer answers 0-999) with solution steps and checking programs.
+//! - [`slips`]: the mistakes the arith workflow's agents make (the
+//!   warm-start teacher's, and a simulated coach's own).
 //! - [`tabular`]: DSBench data-modelling tasks: loading the task files,
 //!   scoring submissions joined by id, fair aggregate metrics, and a seeded
 //!   generator of tabular tasks with known achievable scores.
@@ -20,4 +22,5 @@ pub mod datasets;
 pub mod math;
 pub mod math_tasks;
 pub mod sandbox;
+pub mod slips;
 pub mod tabular;

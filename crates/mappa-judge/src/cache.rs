@@ -287,6 +287,7 @@ mod tests {
             coach: "test".into(),
             template_sha256: String::new(),
             cached: false,
+            audit: None,
         }
     }
 

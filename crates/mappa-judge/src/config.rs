@@ -102,6 +102,9 @@ impl TryFrom<CoachTables> for CoachConfig {
 
     fn try_from(t: CoachTables) -> Result<Self, String> {
         t.settings.validate().map_err(|e| format!("coach: {e}"))?;
+        if let Some(scripted) = &t.scripted {
+            scripted.validate().map_err(|e| format!("coach: {e}"))?;
+        }
         let judge = match (t.openai, t.local, t.scripted) {
             (Some(o), None, None) => Judge::OpenAi(o),
             (None, Some(l), None) => Judge::Local(l),
@@ -173,7 +176,10 @@ impl CoachConfig {
     /// Build the coach this configuration describes.
     pub fn build(&self) -> Result<Box<dyn Coach>, CoachError> {
         match &self.judge {
-            Judge::Scripted(scripted) => Ok(Box::new(ScriptedCoach::new(scripted.clone())?)),
+            Judge::Scripted(scripted) => Ok(Box::new(
+                ScriptedCoach::new(scripted.clone())?
+                    .seeing_ground_truth(self.settings.coach_sees_ground_truth),
+            )),
             Judge::OpenAi(openai) => {
                 // The backend first: a missing key must not leave a new, empty cache behind.
                 let backend = match self.cache_mode {

@@ -33,6 +33,11 @@ pub struct KnownSolution {
     /// agent whose output is scored on the task metric).
     #[serde(default)]
     pub quality: Option<f64>,
+    /// The right plan for the problem (a Python expression): what a solver
+    /// re-derives from the problem statement; read by the input-only
+    /// scripted coach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
 }
 
 /// What the last agent's coach may be shown as the ground truth. In JSON a
@@ -126,6 +131,26 @@ pub struct ActionScore {
     /// Whether the score came from the cache.
     #[serde(default)]
     pub cached: bool,
+    /// A simulated coach's verdict against the truth, where the truth is
+    /// known (LLM coaches: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit: Option<Audit>,
+}
+
+/// A simulated coach's verdict on an action against the truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Audit {
+    /// Whether the coach judged the action right.
+    pub judged_right: bool,
+    /// Whether the agent did its own part right, given its input.
+    pub truly_right: bool,
+}
+
+impl Audit {
+    /// Whether the verdict agrees with the truth.
+    pub fn agrees(&self) -> bool {
+        self.judged_right == self.truly_right
+    }
 }
 
 /// Why an action got the fallback score.

@@ -38,7 +38,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use context::{
-    ActionContext, ActionScore, FallbackKind, FileLists, GroundTruth, KnownSolution,
+    ActionContext, ActionScore, Audit, FallbackKind, FileLists, GroundTruth, KnownSolution,
 };
 
 /// Scores actions.

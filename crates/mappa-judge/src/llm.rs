@@ -351,6 +351,7 @@ impl<C: ChatBackend> LlmCoach<C> {
             coach: self.name.clone(),
             template_sha256: prompt.template_sha256.clone(),
             cached: false,
+            audit: None,
         };
         Ok((score, true))
     }
@@ -371,6 +372,7 @@ impl<C: ChatBackend> LlmCoach<C> {
             coach: self.name.clone(),
             template_sha256: prompt.template_sha256.clone(),
             cached: false,
+            audit: None,
         }
     }
 
@@ -392,6 +394,7 @@ impl<C: ChatBackend> LlmCoach<C> {
                 coach: self.name.clone(),
                 template_sha256: prompt.template_sha256.clone(),
                 cached: false,
+                audit: None,
             }),
         }
     }

@@ -19,6 +19,7 @@ fn score(i: usize, writer: &str) -> ActionScore {
         coach: "test".into(),
         template_sha256: "t".into(),
         cached: false,
+        audit: None,
     }
 }
 

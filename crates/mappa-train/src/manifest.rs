@@ -81,19 +81,7 @@ pub struct WarmStart {
 }
 
 /// The kind of mistake the warm-start teacher makes at its error rates.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SlipKind {
-    /// One number changed by a small amount, anywhere: the models learn
-    /// uncertain digits everywhere.
-    #[default]
-    Digit,
-    /// A fixed mistake per role, made whole: the Problem Solver and the Code
-    /// Executor leave out the expression's last operation, the Verifier
-    /// appends a `0`. Every digit copied is right, so the error is one
-    /// decision per action that training can find and unlearn.
-    Structural,
-}
+pub use mappa_env::slips::SlipKind;
 
 /// A file with its expected hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

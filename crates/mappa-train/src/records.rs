@@ -75,6 +75,12 @@ pub struct TrainLine {
     pub train_accuracy: f64,
     /// The coach's mean score per role.
     pub coach_mean_score: BTreeMap<String, f64>,
+    /// A simulated coach's accuracy per role: the share of the step's
+    /// actions whose verdict (right or wrong) agreed with the truth (did
+    /// the agent do its part right, given its input). Empty for coaches
+    /// whose truth is unknown (LLM coaches).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub coach_accuracy: BTreeMap<String, f64>,
     /// Actions that got the coach's fallback score, by reason (`format`: the
     /// coach answered without a score; `request-failed`: it never answered).
     /// Absent in records written before it existed.

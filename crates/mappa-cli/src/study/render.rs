@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use anyhow::anyhow;
 use mappa_agents::{Tool, Workflow};
 use mappa_judge::config::{CoachConfig, Judge};
+use mappa_judge::scripted::View;
 use mappa_train::manifest::Manifest;
 
 use super::summarise::{smooth, summarise, ArmSummary};
@@ -38,6 +39,7 @@ pub fn write(data: &StudyData) -> anyhow::Result<()> {
     md.push_str(&curves_section(&arms));
     md.push_str(&agents_section(&arms, &agents));
     md.push_str(&coach_section(data, &arms));
+    md.push_str(&coach_accuracy_section(&arms));
     md.push_str(&setup_section(data)?);
     plots(data, &arms, &agents)?;
     let r = &data.base.rollout;
@@ -273,10 +275,43 @@ fn coach_section(data: &StudyData, arms: &[ArmSummary]) -> String {
     )
 }
 
+/// A simulated coach's measured accuracy per arm and role, when known.
+fn coach_accuracy_section(arms: &[ArmSummary]) -> String {
+    let roles: Vec<&String> = arms
+        .iter()
+        .flat_map(|a| a.coach_accuracy.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if roles.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## The coach's accuracy\n\nThe share of training actions whose verdict (right or wrong) agreed with the truth: whether the agent did its own part right, given its input. Measured by the simulated coach's audit, over every step and seed.\n\n| arm |");
+    for role in &roles {
+        md.push_str(&format!(" {role} |"));
+    }
+    md.push_str(&format!("\n|---|{}\n", "---|".repeat(roles.len())));
+    for arm in arms.iter().filter(|a| !a.coach_accuracy.is_empty()) {
+        md.push_str(&format!("| {} |", arm.label));
+        for role in &roles {
+            let cell = arm
+                .coach_accuracy
+                .get(*role)
+                .map_or("-".into(), |a| pct(*a));
+            md.push_str(&format!(" {cell} |"));
+        }
+        md.push('\n');
+    }
+    md
+}
+
 /// The coach, and whether it is simulated.
 fn describe_coach(coach: &CoachConfig) -> String {
     match &coach.judge {
-        Judge::Scripted(s) => format!("a **scripted coach** ({} preset): simulated, a rule-based judge that reads each generated task's known solution, not an LLM", s.strength.name()),
+        Judge::Scripted(s) => match s.view {
+            View::Oracle => format!("a **scripted coach**, oracle view ({} preset): simulated, a rule-based judge that reads each generated task's known solution for every action, not an LLM", s.strength.name()),
+            View::InputOnly => format!("a **scripted coach**, input-only view ({} preset, slip rate {}, blame leak {}, short-plan bias {:+}): simulated, a rule-based judge that re-derives each action from its input, with only the last agent's coach seeing the answer, not an LLM", s.strength.name(), s.slip_rate, s.blame_leak, s.short_plan_bias),
+        },
         Judge::OpenAi(o) => format!("an LLM coach, `{}` at {}", o.model, o.base_url),
         Judge::Local(l) => format!("a local model as LLM coach ({})", l.checkpoint.display()),
     }

@@ -53,6 +53,9 @@ pub struct ArmSummary {
     pub all_failed_steps: f64,
     /// The share of training steps in which every trajectory succeeded.
     pub all_succeeded_steps: f64,
+    /// A simulated coach's accuracy per role over every training step and
+    /// seed (the mean of the steps' `coach_accuracy`; empty when unknown).
+    pub coach_accuracy: BTreeMap<String, f64>,
     /// Per agent: mean training reward per step, mean over seeds.
     pub reward: BTreeMap<String, Vec<Point>>,
     /// Per agent: mean coach score per step (0-10), mean over seeds.
@@ -177,6 +180,14 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         }
     }
     let share = |n: usize| n as f64 / steps.max(1) as f64;
+    let mut accuracy: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for step in runs.iter().flat_map(|r| r.train_steps()) {
+        for (role, a) in &step.coach_accuracy {
+            let e = accuracy.entry(role.clone()).or_default();
+            e.0 += a;
+            e.1 += 1;
+        }
+    }
     let rewards: Vec<_> = runs
         .iter()
         .map(|r| agent_series(r, |m, a| Some(m.agent(a)?.mean_reward)))
@@ -204,6 +215,10 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         rollouts_to_baseline_final: None,
         all_failed_steps: share(all_failed),
         all_succeeded_steps: share(all_succeeded),
+        coach_accuracy: accuracy
+            .into_iter()
+            .map(|(role, (sum, n))| (role, sum / n as f64))
+            .collect(),
         reward: agent_average(&rewards),
         coach_score: agent_average(&scores),
     }
@@ -274,6 +289,7 @@ impl ArmSummary {
             rollouts_to_baseline_final: None,
             all_failed_steps: 0.0,
             all_succeeded_steps: 0.0,
+            coach_accuracy: BTreeMap::new(),
             reward: BTreeMap::new(),
             coach_score: BTreeMap::new(),
         }

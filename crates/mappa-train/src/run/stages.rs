@@ -132,6 +132,63 @@ pub(super) fn assemble(
     Ok(out)
 }
 
+/// What the coach said over a step's actions, per role, and tool use.
+#[derive(Default)]
+struct CoachTally {
+    /// Per role: (sum of scores, actions).
+    scores: BTreeMap<String, (f64, usize)>,
+    /// Per role: (audited verdicts that agreed with the truth, audited actions).
+    agreements: BTreeMap<String, (f64, usize)>,
+    /// Fallbacks by reason (every reason present, 0 included).
+    fallbacks: BTreeMap<String, usize>,
+    /// Actions of tool-using agents.
+    tool_actions: usize,
+    /// Of which ran code.
+    with_code: usize,
+}
+
+impl CoachTally {
+    fn of(workflow: &Workflow, scored: &[StepTrajectory]) -> Self {
+        let mut tally = Self {
+            fallbacks: FallbackKind::ALL
+                .iter()
+                .map(|k| (k.as_str().to_string(), 0))
+                .collect(),
+            ..Self::default()
+        };
+        for t in scored {
+            for (a, s) in t.trajectory.actions.iter().zip(&t.scores) {
+                let e = tally.scores.entry(a.role.clone()).or_default();
+                e.0 += s.score;
+                e.1 += 1;
+                if let Some(audit) = s.audit {
+                    let e = tally.agreements.entry(a.role.clone()).or_default();
+                    e.0 += f64::from(u8::from(audit.agrees()));
+                    e.1 += 1;
+                }
+                if let Some(kind) = s.fallback_kind() {
+                    *tally
+                        .fallbacks
+                        .entry(kind.as_str().to_string())
+                        .or_default() += 1;
+                }
+                if workflow.agents[a.agent].tool == mappa_agents::Tool::Python {
+                    tally.tool_actions += 1;
+                    tally.with_code += a.code.is_some() as usize;
+                }
+            }
+        }
+        tally
+    }
+}
+
+/// `sum / n` per key.
+fn ratios(sums: BTreeMap<String, (f64, usize)>) -> BTreeMap<String, f64> {
+    sums.into_iter()
+        .map(|(key, (sum, n))| (key, sum / n as f64))
+        .collect()
+}
+
 /// Stage 7: the step's metrics line and one record per trajectory.
 pub(super) fn record(
     step: usize,
@@ -139,40 +196,19 @@ pub(super) fn record(
     scored: &[StepTrajectory],
     agents: Vec<StepMetrics>,
 ) -> (TrainLine, Vec<TrajectoryLine>) {
-    // Per-role coach means and tool use, for reports.
-    let mut role_scores: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    let mut fallbacks: BTreeMap<String, usize> = FallbackKind::ALL
-        .iter()
-        .map(|k| (k.as_str().to_string(), 0))
-        .collect();
-    let (mut tool_actions, mut with_code) = (0usize, 0usize);
-    for t in scored {
-        for (a, s) in t.trajectory.actions.iter().zip(&t.scores) {
-            let e = role_scores.entry(a.role.clone()).or_default();
-            e.0 += s.score;
-            e.1 += 1;
-            if let Some(kind) = s.fallback_kind() {
-                *fallbacks.entry(kind.as_str().to_string()).or_default() += 1;
-            }
-            if workflow.agents[a.agent].tool == mappa_agents::Tool::Python {
-                tool_actions += 1;
-                with_code += a.code.is_some() as usize;
-            }
-        }
-    }
+    let tally = CoachTally::of(workflow, scored);
     let accuracy =
         scored.iter().map(|t| t.graded.outcome).sum::<f64>() / scored.len().max(1) as f64;
     let line = TrainLine {
         schema: SCHEMA_VERSION,
         step,
         train_accuracy: accuracy,
-        coach_mean_score: role_scores
-            .into_iter()
-            .map(|(role, (sum, n))| (role, sum / n as f64))
-            .collect(),
-        coach_fallbacks: fallbacks,
+        coach_mean_score: ratios(tally.scores),
+        coach_accuracy: ratios(tally.agreements),
+        coach_fallbacks: tally.fallbacks,
         uniform_outcome: UniformOutcome::of(scored.iter().map(|t| t.graded.outcome)),
-        tool_call_rate: (tool_actions > 0).then(|| with_code as f64 / tool_actions as f64),
+        tool_call_rate: (tally.tool_actions > 0)
+            .then(|| tally.with_code as f64 / tally.tool_actions as f64),
         agents,
     };
     let rows = scored
@@ -483,6 +519,7 @@ mod tests {
             coach: "test".into(),
             template_sha256: String::new(),
             cached: false,
+            audit: None,
         }
     }
 

@@ -9,14 +9,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use mappa_agents::{PolicyRequest, ScriptedPolicy, TaskInput};
-use mappa_core::rng::{RngStream, SeedTree};
+use mappa_core::rng::SeedTree;
 use mappa_env::datasets::normalize_problem_text;
 use mappa_env::math_tasks::{generate_mix_of, GeneratedProblem, Tier};
 use mappa_judge::KnownSolution;
 use serde::{Deserialize, Serialize};
 
 use super::{expect_roles, settings_boilerplate, AnswerGrader, TaskFamily, TaskSet, Teacher};
-use crate::manifest::{SlipKind, WarmStart};
+use crate::manifest::WarmStart;
+use mappa_env::slips::{slip, SlipKind};
 use crate::TrainError;
 
 /// Generated problems: how many, from which seed, and what agents and a
@@ -90,6 +91,7 @@ impl GeneratedMath {
                     CheckpointKind::Steps => p.steps.clone(),
                     CheckpointKind::Expression => vec![p.expression().to_string()],
                 },
+                plan: Some(p.expression().to_string()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -208,60 +210,6 @@ impl TaskFamily for GeneratedMath {
     }
 }
 
-/// Change one number of `text` by a small non-zero amount (a plausible slip).
-fn perturb_number(text: &str, rng: &mut RngStream) -> String {
-    let mut spans = Vec::new();
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i].is_ascii_digit() {
-            let start = i;
-            while i < bytes.len() && bytes[i].is_ascii_digit() {
-                i += 1;
-            }
-            spans.push((start, i));
-        } else {
-            i += 1;
-        }
-    }
-    let Some(&(start, end)) = spans.get(rng.below(spans.len().max(1) as u64) as usize) else {
-        return format!("{text}1");
-    };
-    let value: i64 = text[start..end].parse().unwrap_or(0);
-    let delta = [1i64, -1, 2, -2, 3][rng.below(5) as usize];
-    let new = if value + delta < 0 {
-        value + 1
-    } else {
-        value + delta
-    };
-    format!("{}{new}{}", &text[..start], &text[end..])
-}
-
-/// `expr` with its last operation left out: `pow(a, k, m)` -> `pow(a, k)`,
-/// `(a op b) op c` -> `(a op b)`; an expression of one term gains ` + 1`.
-fn drop_last_step(expr: &str) -> String {
-    if let Some(head) = expr
-        .strip_prefix("pow(")
-        .and_then(|e| e.rsplit_once(", "))
-        .map(|(h, _)| h)
-    {
-        return format!("pow({head})");
-    }
-    match expr.rsplit_once(' ').and_then(|(h, _)| h.rsplit_once(' ')) {
-        Some((head, _)) if !head.is_empty() => head.to_string(),
-        _ => format!("{expr} + 1"),
-    }
-}
-
-/// One role's mistake of `kind` on the text it would have written.
-fn slip(kind: SlipKind, role: &str, text: &str, rng: &mut RngStream) -> String {
-    match (kind, role) {
-        (SlipKind::Digit, _) => perturb_number(text, rng),
-        (SlipKind::Structural, "verifier") => format!("{text}0"),
-        (SlipKind::Structural, _) => drop_last_step(text),
-    }
-}
-
 /// The user message of a request, or an error naming the role.
 fn user_message<'r>(r: &'r PolicyRequest, role: &str) -> Result<&'r str, String> {
     r.messages
@@ -354,31 +302,6 @@ fn arith_teacher(
 mod tests {
     use super::*;
     use mappa_agents::{Message, Policy};
-
-    #[test]
-    fn structural_slips_leave_out_the_last_operation() {
-        assert_eq!(drop_last_step("pow(45, 3, 4)"), "pow(45, 3)");
-        assert_eq!(drop_last_step("(51 * 29 + 39) % 81"), "(51 * 29 + 39)");
-        assert_eq!(drop_last_step("(12 - 7) * 3"), "(12 - 7)");
-        assert_eq!(drop_last_step("17"), "17 + 1");
-        let mut rng = SeedTree::new(1).stream("t");
-        assert_eq!(
-            slip(SlipKind::Structural, "verifier", "42", &mut rng),
-            "420"
-        );
-        assert_eq!(
-            slip(
-                SlipKind::Structural,
-                "code_executor",
-                "pow(2, 5, 7)",
-                &mut rng
-            ),
-            "pow(2, 5)"
-        );
-        let digit = slip(SlipKind::Digit, "verifier", "42", &mut rng);
-        assert_ne!(digit, "42");
-        assert_eq!(digit.len(), 2);
-    }
 
     /// A prompt whose wording the teacher cannot read stops the rollout
     /// with the reason, instead of demonstrating `\boxed{0}`.

@@ -1,0 +1,374 @@
+//! The input-only view: a simulated coach that does not know the answers.
+//! It judges each action of the arith workflow (`arith-compact`: the
+//! Problem Solver plans a Python expression, the Code Executor prints the
+//! plan, the Verifier boxes the printed value) from the action's input
+//! alone, by re-deriving the right action itself and comparing:
+//!
+//! - it re-derives with its own slip rate `epsilon`, making the agents' own
+//!   kind of mistake ([`mappa_env::slips`]): when it slips the way the agent
+//!   did, it accepts the agent's slip, so its errors are correlated with the
+//!   policy's;
+//! - with probability `blame_leak` (`b`) it blames an action that faithfully
+//!   relayed a wrong input;
+//! - it adds `short_plan_bias` (`delta`) to a plan shorter than its own
+//!   derivation: a surface feature of the commonest mistake (leaving out
+//!   the last operation);
+//! - the last agent's coach may see the ground truth (the reference
+//!   answer), behind the same `coach_sees_ground_truth` switch as an LLM
+//!   coach; then it judges the boxed answer against it.
+//!
+//! The simulation reads the task's known solution for two things only: the
+//! right plan for the problem (what a solver re-derives from the problem
+//! statement, the Problem Solver's input) and, for `blame_leak`, whether an
+//! input was wrong. Every verdict comes with the truth it is measured
+//! against: whether the agent did its own part right given its input (a
+//! faithful relay of a wrong value is right), so the coach's accuracy per
+//! role can be reported.
+
+use mappa_core::rng::RngStream;
+use mappa_env::math::grade_response;
+use mappa_env::slips::{slip, SlipKind};
+
+use super::oracle::tool_failed;
+use crate::context::{ActionContext, KnownSolution};
+use crate::CoachError;
+
+/// The input-only coach's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct InputOnly {
+    /// Probability that its own derivation slips (`epsilon`).
+    pub slip_rate: f64,
+    /// The kind of slip it makes.
+    pub slips: SlipKind,
+    /// Probability of blaming a faithful relay of a wrong input (`b`).
+    pub blame_leak: f64,
+    /// Added to a plan shorter than its own derivation (`delta`).
+    pub short_plan_bias: f64,
+    /// Whether the last agent's coach sees the reference answer.
+    pub sees_ground_truth: bool,
+}
+
+/// A verdict, the truth it is measured against, and the score offset.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Judgement {
+    /// Whether the coach judged the action right.
+    pub judged_right: bool,
+    /// Whether the agent did its part right, given its input.
+    pub truly_right: bool,
+    /// Score offset from `short_plan_bias`.
+    pub bias: f64,
+    /// A short account, for the rationale.
+    pub why: String,
+}
+
+/// An expression without whitespace, for comparison.
+fn norm(expr: &str) -> String {
+    expr.chars().filter(|c| !c.is_whitespace()).collect()
+}
+
+/// The value after the last line of `text` starting with `label` (`Plan: `).
+fn labelled<'t>(text: &'t str, label: &str) -> Option<&'t str> {
+    text.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix(label))
+        .map(str::trim)
+}
+
+/// The expression a program prints: the argument of its last `print(...)`.
+fn printed_expression(output: &str) -> Option<&str> {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.trim().starts_with("print("))?;
+    let inner = line.trim().strip_prefix("print(")?;
+    Some(inner.strip_suffix(')').unwrap_or(inner).trim())
+}
+
+/// The first line after `Output:` in the Verifier's input (the printed value).
+fn printed_value(agent_input: &str) -> Option<&str> {
+    let rest = agent_input.rsplit_once("Output:\n")?.1;
+    Some(rest.lines().next().unwrap_or("").trim())
+}
+
+/// Whether `output` boxes a value equivalent to `value`.
+fn boxes(value: &str, output: &str) -> bool {
+    !value.is_empty() && grade_response(value, output, false).correct
+}
+
+impl InputOnly {
+    /// The coach's own derivation of `right`: `right`, or its slip.
+    fn derive(&self, role: &str, right: &str, rng: &mut RngStream) -> String {
+        if rng.uniform() < self.slip_rate {
+            slip(self.slips, role, right, rng)
+        } else {
+            right.to_string()
+        }
+    }
+
+    /// Judge one action; `rng` is the action's own stream.
+    pub(super) fn judge(
+        &self,
+        ctx: &ActionContext,
+        solution: &KnownSolution,
+        rng: &mut RngStream,
+    ) -> Result<Judgement, CoachError> {
+        let plan = solution.plan.as_deref().ok_or_else(|| {
+            CoachError::Config(format!(
+                "action {:?}: the input-only scripted coach needs the problem's plan \
+                 (generated math tasks carry it)",
+                ctx.id
+            ))
+        })?;
+        match ctx.role.as_str() {
+            "problem_solver" => Ok(self.judge_plan(ctx, plan, rng)),
+            "code_executor" => Ok(self.judge_program(ctx, plan, rng)),
+            "verifier" => Ok(self.judge_boxed(ctx, solution, rng)),
+            other => Err(CoachError::Config(format!(
+                "action {:?}: the input-only scripted coach judges the arith workflow's roles \
+                 (problem_solver, code_executor, verifier), not {other:?}",
+                ctx.id
+            ))),
+        }
+    }
+
+    /// The Problem Solver: its plan against the coach's own plan for the problem.
+    fn judge_plan(&self, ctx: &ActionContext, right: &str, rng: &mut RngStream) -> Judgement {
+        let written = labelled(&ctx.output, "Plan:").unwrap_or(ctx.output.trim());
+        let derived = self.derive("problem_solver", right, rng);
+        let shorter = norm(written).len() < norm(&derived).len();
+        Judgement {
+            judged_right: norm(written) == norm(&derived),
+            truly_right: norm(written) == norm(right),
+            bias: if shorter { self.short_plan_bias } else { 0.0 },
+            why: format!("plan {written:?}, the coach derives {derived:?}"),
+        }
+    }
+
+    /// The Code Executor: the program must print the plan it was handed.
+    fn judge_program(&self, ctx: &ActionContext, right: &str, rng: &mut RngStream) -> Judgement {
+        let handed = labelled(&ctx.agent_input, "Plan:").unwrap_or("");
+        let printed = printed_expression(&ctx.output).unwrap_or("");
+        let ran = !tool_failed(ctx.tool_observation.as_deref()) && !printed.is_empty();
+        let derived = self.derive("code_executor", handed, rng);
+        let faithful = ran && norm(printed) == norm(handed);
+        let leak = faithful && norm(handed) != norm(right) && rng.uniform() < self.blame_leak;
+        Judgement {
+            judged_right: ran && norm(printed) == norm(&derived) && !leak,
+            truly_right: faithful,
+            bias: 0.0,
+            why: format!(
+                "prints {printed:?} for the plan {handed:?}{}",
+                if leak { "; blamed for the plan" } else { "" }
+            ),
+        }
+    }
+
+    /// The Verifier: the boxed value against the printed one, or against the
+    /// reference answer when the coach sees it.
+    fn judge_boxed(
+        &self,
+        ctx: &ActionContext,
+        solution: &KnownSolution,
+        rng: &mut RngStream,
+    ) -> Judgement {
+        let handed = printed_value(&ctx.agent_input).unwrap_or("");
+        let faithful = boxes(handed, &ctx.output);
+        let answer = solution.answer.as_deref().unwrap_or("");
+        let sees_answer = self.sees_ground_truth && ctx.is_last_agent && ctx.ground_truth.is_some();
+        if sees_answer {
+            return Judgement {
+                judged_right: boxes(answer, &ctx.output),
+                truly_right: faithful,
+                bias: 0.0,
+                why: format!("boxes the reference answer: {}", boxes(answer, &ctx.output)),
+            };
+        }
+        let derived = self.derive("verifier", handed, rng);
+        let wrong_input = !boxes(answer, &format!("\\boxed{{{handed}}}"));
+        let leak = faithful && wrong_input && rng.uniform() < self.blame_leak;
+        Judgement {
+            judged_right: boxes(&derived, &ctx.output) && !leak,
+            truly_right: faithful,
+            bias: 0.0,
+            why: format!(
+                "boxes the printed {handed:?}: {faithful}{}",
+                if leak { "; blamed for the value" } else { "" }
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mappa_core::rng::SeedTree;
+
+    fn solution() -> KnownSolution {
+        KnownSolution {
+            task_kind: "small_arithmetic".into(),
+            answer: Some("26".into()),
+            plan: Some("(12 - 7) * 5 + 1".into()),
+            ..Default::default()
+        }
+    }
+
+    fn ctx(role: &str, input: &str, output: &str, observation: Option<&str>) -> ActionContext {
+        ActionContext {
+            id: format!("t/{role}"),
+            task: "Compute (12 - 7) * 5 + 1.".into(),
+            role: role.into(),
+            agent_input: format!("[user]\n{input}"),
+            output: output.into(),
+            tool_observation: observation.map(String::from),
+            ground_truth: Some("26".into()),
+            is_last_agent: role == "verifier",
+            solution: Some(solution()),
+            ..Default::default()
+        }
+    }
+
+    fn exact(sees_ground_truth: bool) -> InputOnly {
+        InputOnly {
+            slip_rate: 0.0,
+            slips: SlipKind::Structural,
+            blame_leak: 0.0,
+            short_plan_bias: 0.0,
+            sees_ground_truth,
+        }
+    }
+
+    fn judge(coach: &InputOnly, c: &ActionContext) -> Judgement {
+        coach
+            .judge(c, &solution(), &mut SeedTree::new(1).stream("t"))
+            .unwrap()
+    }
+
+    #[test]
+    fn without_slips_it_judges_each_action_against_its_input() {
+        let coach = exact(false);
+        let task = "Compute (12 - 7) * 5 + 1.";
+        let right = judge(
+            &coach,
+            &ctx("problem_solver", task, "Plan: (12 - 7) * 5 + 1", None),
+        );
+        assert!(right.judged_right && right.truly_right);
+        let short = judge(
+            &coach,
+            &ctx("problem_solver", task, "Plan: (12 - 7) * 5", None),
+        );
+        assert!(!short.judged_right && !short.truly_right);
+        // A faithful relay of a wrong plan is right, and judged so.
+        let relay = ctx(
+            "code_executor",
+            "Plan: (12 - 7) * 5",
+            "```python\nprint((12 - 7) * 5)\n```",
+            Some("25\n"),
+        );
+        let j = judge(&coach, &relay);
+        assert!(j.judged_right && j.truly_right, "{j:?}");
+        let error = ctx(
+            "code_executor",
+            "Plan: (12 - 7) * 5",
+            "```python\nprint((12 - 7) * 5)\n```",
+            Some("Traceback (most recent call last):\nSyntaxError: x"),
+        );
+        assert!(!judge(&coach, &error).judged_right);
+        let boxed = judge(&coach, &ctx("verifier", "Output:\n25", "\\boxed{25}", None));
+        assert!(boxed.judged_right && boxed.truly_right);
+    }
+
+    #[test]
+    fn the_last_coach_may_see_the_answer() {
+        let verifier = ctx("verifier", "Output:\n25", "\\boxed{25}", None);
+        let seeing = judge(&exact(true), &verifier);
+        assert!(
+            !seeing.judged_right && seeing.truly_right,
+            "blames the relay of a wrong value"
+        );
+        assert!(
+            judge(
+                &exact(true),
+                &ctx("verifier", "Output:\n26", "\\boxed{26}", None)
+            )
+            .judged_right
+        );
+    }
+
+    #[test]
+    fn its_own_slips_accept_the_agents_slips() {
+        // Always slipping the structural way, it derives the short plan and
+        // accepts it, and rejects the right one.
+        let slipping = InputOnly {
+            slip_rate: 1.0,
+            ..exact(false)
+        };
+        let task = "Compute (12 - 7) * 5 + 1.";
+        let short = judge(
+            &slipping,
+            &ctx("problem_solver", task, "Plan: (12 - 7) * 5", None),
+        );
+        assert!(short.judged_right && !short.truly_right);
+        let right = judge(
+            &slipping,
+            &ctx("problem_solver", task, "Plan: (12 - 7) * 5 + 1", None),
+        );
+        assert!(!right.judged_right && right.truly_right);
+    }
+
+    #[test]
+    fn blame_leaks_onto_faithful_relays_of_wrong_inputs_and_short_plans_get_the_bias() {
+        let leaky = InputOnly {
+            blame_leak: 1.0,
+            short_plan_bias: 2.0,
+            ..exact(false)
+        };
+        let relay_wrong = ctx(
+            "code_executor",
+            "Plan: (12 - 7) * 5",
+            "```python\nprint((12 - 7) * 5)\n```",
+            Some("25\n"),
+        );
+        let j = judge(&leaky, &relay_wrong);
+        assert!(!j.judged_right && j.truly_right && j.why.contains("blamed"));
+        let relay_right = ctx(
+            "code_executor",
+            "Plan: (12 - 7) * 5 + 1",
+            "```python\nprint((12 - 7) * 5 + 1)\n```",
+            Some("26\n"),
+        );
+        assert!(
+            judge(&leaky, &relay_right).judged_right,
+            "no leak onto right inputs"
+        );
+        let task = "Compute (12 - 7) * 5 + 1.";
+        let short = judge(
+            &leaky,
+            &ctx("problem_solver", task, "Plan: (12 - 7) * 5", None),
+        );
+        assert_eq!(short.bias, 2.0);
+        let full = judge(
+            &leaky,
+            &ctx("problem_solver", task, "Plan: (12 - 7) * 5 + 1", None),
+        );
+        assert_eq!(full.bias, 0.0);
+    }
+
+    #[test]
+    fn other_roles_and_tasks_without_a_plan_are_refused() {
+        let coach = exact(false);
+        let mut c = ctx("analyst", "x", "y", None);
+        let e = coach
+            .judge(&c, &solution(), &mut SeedTree::new(1).stream("t"))
+            .unwrap_err();
+        assert!(e.to_string().contains("analyst"), "{e}");
+        c.role = "verifier".into();
+        let e = coach
+            .judge(
+                &c,
+                &KnownSolution::default(),
+                &mut SeedTree::new(1).stream("t"),
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("plan"), "{e}");
+    }
+}
