@@ -24,9 +24,8 @@ use burn::backend::Autodiff;
 use mappa_judge::cache::CacheMode;
 use mappa_judge::config::Judge;
 use mappa_judge::llm::OnOutage;
-use mappa_judge::openai::OpenAiConfig;
 use mappa_judge::testing::{serve, Reply};
-use mappa_tests::fixtures;
+use mappa_tests::{fake_judge_config, fake_judge_reply, fixtures};
 use mappa_train::manifest::Manifest;
 use mappa_train::run::{run, RunOptions};
 use mappa_train::TrainError;
@@ -70,32 +69,16 @@ impl Outage {
     }
 }
 
-/// The fake judge: `PROCESS_SCORE` from the request's length, 503 while down.
+/// The fake judge (`mappa_tests::fake_judge_reply`), answering 503 while down.
 fn judge(outage: Arc<Outage>) -> Judge {
     let base_url = serve(move |request| {
         if outage.is_down() {
             outage.refused.fetch_add(1, Ordering::SeqCst);
             return Reply::raw(503, "{\"error\": \"the judge is down\"}");
         }
-        let length = request.body.to_string().len();
-        Reply::content(&format!(
-            "Judged.\nPROCESS_SCORE: {}\nANSWER_CORRECT: 0",
-            length % 11
-        ))
+        fake_judge_reply(request)
     });
-    Judge::OpenAi(OpenAiConfig {
-        base_url,
-        model: "fake-judge".into(),
-        api_key_env: None,
-        timeout_s: 10.0,
-        max_attempts: 2,
-        initial_backoff_s: 0.01,
-        max_backoff_s: 0.05,
-        requests_per_minute: None,
-        usd_per_million_prompt_tokens: 0.0,
-        usd_per_million_completion_tokens: 0.0,
-        seed: 0,
-    })
+    fake_judge_config(base_url)
 }
 
 /// The tiny manifest with `judge` and a fresh read-write cache in `dir`.

@@ -34,8 +34,7 @@ use std::path::{Path, PathBuf};
 use burn::backend::Autodiff;
 use mappa_judge::cache::CacheMode;
 use mappa_judge::config::Judge;
-use mappa_judge::openai::OpenAiConfig;
-use mappa_tests::fixtures;
+use mappa_tests::{fake_judge_config, fake_judge_reply, fixtures};
 use mappa_train::manifest::{lock, Manifest};
 use mappa_train::run::{run, RunOptions};
 use serde_json::Value;
@@ -223,13 +222,7 @@ fn tiny_run_is_deterministic_and_pinned() {
 
 /// An OpenAI-compatible judge whose score depends only on the prompt's length.
 fn fake_judge() -> String {
-    mappa_judge::testing::serve(|request| {
-        let length = request.body.to_string().len();
-        mappa_judge::testing::Reply::content(&format!(
-            "Judged.\nPROCESS_SCORE: {}\nANSWER_CORRECT: 0",
-            length % 11
-        ))
-    })
+    mappa_judge::testing::serve(fake_judge_reply)
 }
 
 #[test]
@@ -238,26 +231,11 @@ fn replay_from_the_coach_cache_needs_no_coach() {
     let mut manifest = manifest();
     manifest.coach.cache = Some(dir.path().join("coach-cache.sqlite"));
     manifest.coach.cache_mode = CacheMode::ReadWrite;
-    let judge = |base_url: String| {
-        Judge::OpenAi(OpenAiConfig {
-            base_url,
-            model: "fake-judge".into(),
-            api_key_env: None,
-            timeout_s: 10.0,
-            max_attempts: 2,
-            initial_backoff_s: 0.01,
-            max_backoff_s: 0.1,
-            requests_per_minute: None,
-            usd_per_million_prompt_tokens: 0.0,
-            usd_per_million_completion_tokens: 0.0,
-            seed: 0,
-        })
-    };
-    manifest.coach.judge = judge(fake_judge());
+    manifest.coach.judge = fake_judge_config(fake_judge());
     let (recorded_dir, replayed_dir) = (dir.path().join("recorded"), dir.path().join("replayed"));
     let recorded = run_in(&recorded_dir, &manifest, &RunOptions::default());
     // Nothing listens on port 9: every coach call must be a cache hit.
-    manifest.coach.judge = judge("http://127.0.0.1:9/v1".into());
+    manifest.coach.judge = fake_judge_config("http://127.0.0.1:9/v1".into());
     let replayed = run_in(
         &replayed_dir,
         &manifest,

@@ -246,21 +246,17 @@ fn a_failed_replay_leaves_the_previous_output_and_needs_no_key() {
     // second misses, and the file keeps what it held.
     let output = dir.path().join("scores.jsonl");
     std::fs::write(&output, "previous\n").unwrap();
-    let out = mappa()
-        .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
-        .args(["coach", "score", "--batch", "1", "--config"])
-        .arg(config("replay"))
-        .arg("--input")
-        .arg(&input)
-        .arg("--output")
-        .arg(&output)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("replay"),
-        "{stderr}"
+    let stderr = fails(
+        mappa()
+            .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
+            .args(["coach", "score", "--batch", "1", "--config"])
+            .arg(config("replay"))
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&output),
     );
+    assert!(stderr.contains("replay"), "{stderr}");
     assert!(
         !stderr.contains("is not set"),
         "replay asked for the key: {stderr}"
@@ -303,20 +299,16 @@ fn an_unreachable_coach_stops_and_is_asked_again_later() {
     let input = actions_file(dir.path());
     let output = dir.path().join("scores.jsonl");
     // Nothing listens on port 9.
-    let out = mappa()
-        .args(["coach", "score", "--config"])
-        .arg(config("http://127.0.0.1:9/v1"))
-        .arg("--input")
-        .arg(&input)
-        .arg("--output")
-        .arg(&output)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && stderr.contains("did not answer 2 of 2 actions"),
-        "{stderr}"
+    let stderr = fails(
+        mappa()
+            .args(["coach", "score", "--config"])
+            .arg(config("http://127.0.0.1:9/v1"))
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&output),
     );
+    assert!(stderr.contains("did not answer 2 of 2 actions"), "{stderr}");
     assert!(!output.exists(), "no output from a failed command");
 
     let url = serve();

@@ -34,3 +34,11 @@ pub(crate) fn succeeds(cmd: &mut Command) -> Output {
     );
     out
 }
+
+/// Run `cmd` and check it failed; returns its stderr.
+pub(crate) fn fails(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "expected a failure: {stderr}");
+    stderr
+}
