@@ -145,7 +145,19 @@ pub struct CoachReport {
     pub usage: Usage,
 }
 
+/// Counts per role as coaches keep them, behind a lock shared by scoring threads.
+pub(crate) type SharedCounts = std::sync::Mutex<BTreeMap<String, RoleCounts>>;
+
 impl CoachReport {
+    /// A report of `coach`'s `counts` so far, with `usage`.
+    pub(crate) fn of(coach: &str, counts: &SharedCounts, usage: Usage) -> Self {
+        Self {
+            coach: coach.to_string(),
+            roles: counts.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            usage,
+        }
+    }
+
     /// Fallbacks over all roles.
     pub fn total_fallbacks(&self) -> u64 {
         self.roles.values().map(|r| r.fallbacks).sum()

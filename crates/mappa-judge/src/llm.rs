@@ -16,7 +16,7 @@ use crate::cache::{CacheMode, CoachCache};
 use crate::context::{ActionContext, ActionScore};
 use crate::parse::parse_reply;
 use crate::rubric::{Message, RenderedPrompt, RubricSet};
-use crate::{Coach, CoachError, CoachReport, RoleCounts, Usage};
+use crate::{Coach, CoachError, CoachReport, SharedCounts, Usage};
 
 /// Sampling settings sent with every request (they are part of the cache key).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -187,7 +187,7 @@ pub struct LlmCoach<C: ChatBackend> {
     rubrics: RubricSet,
     settings: LlmSettings,
     cache: Option<CoachCache>,
-    counts: Mutex<BTreeMap<String, RoleCounts>>,
+    counts: SharedCounts,
 }
 
 impl<C: ChatBackend> LlmCoach<C> {
@@ -453,14 +453,6 @@ impl<C: ChatBackend> Coach for LlmCoach<C> {
     }
 
     fn report(&self) -> CoachReport {
-        CoachReport {
-            coach: self.name.clone(),
-            roles: self
-                .counts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-            usage: self.backend.usage(),
-        }
+        CoachReport::of(&self.name, &self.counts, self.backend.usage())
     }
 }

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use mappa_env::slips::SlipKind;
 
 use crate::context::{ActionContext, ActionScore, Audit};
-use crate::{Coach, CoachError, CoachReport, RoleCounts};
+use crate::{Coach, CoachError, CoachReport, SharedCounts};
 use input_only::InputOnly;
 use oracle::{carried_forward, quality};
 
@@ -205,7 +205,7 @@ pub struct ScriptedCoach {
     name: String,
     seeds: SeedTree,
     sees_ground_truth: bool,
-    counts: Mutex<BTreeMap<String, RoleCounts>>,
+    counts: SharedCounts,
 }
 
 impl ScriptedCoach {
@@ -352,15 +352,7 @@ impl Coach for ScriptedCoach {
     }
 
     fn report(&self) -> CoachReport {
-        CoachReport {
-            coach: self.name.clone(),
-            roles: self
-                .counts
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-            usage: Default::default(),
-        }
+        CoachReport::of(&self.name, &self.counts, Default::default())
     }
 }
 
