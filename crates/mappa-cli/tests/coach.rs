@@ -3,6 +3,7 @@
 //! checkpoint as judge; and the README's coach section, run as written.
 
 use std::path::Path;
+use std::process::Command;
 
 use mappa_judge::testing::Reply;
 use serde_json::Value;
@@ -37,6 +38,16 @@ fn actions_file(dir: &Path) -> std::path::PathBuf {
     path
 }
 
+/// `mappa coach score --config CONFIG --input INPUT`, more arguments to follow.
+fn coach_score(config: impl AsRef<Path>, input: impl AsRef<Path>) -> Command {
+    let mut cmd = mappa();
+    cmd.args(["coach", "score", "--config"])
+        .arg(config.as_ref())
+        .arg("--input")
+        .arg(input.as_ref());
+    cmd
+}
+
 fn rows(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)
         .lines()
@@ -58,15 +69,7 @@ fn scores_actions_against_a_local_openai_compatible_server() {
     .unwrap();
     let input = actions_file(dir.path());
     let report = dir.path().join("report.json");
-    let out = succeeds(
-        mappa()
-            .args(["coach", "score", "--config"])
-            .arg(&config)
-            .arg("--input")
-            .arg(&input)
-            .arg("--report")
-            .arg(&report),
-    );
+    let out = succeeds(coach_score(&config, &input).arg("--report").arg(&report));
     let scores = rows(&out.stdout);
     assert_eq!(scores.len(), 2);
     assert_eq!(scores[0]["id"], "a1");
@@ -93,13 +96,7 @@ fn scripted_coach_says_so() {
     std::fs::write(&config, "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[scripted]\nview = \"oracle\"\nstrength = \"strong\"\nseed = 3\n")
         .unwrap();
     let input = actions_file(dir.path());
-    let out = succeeds(
-        mappa()
-            .args(["coach", "score", "--config"])
-            .arg(&config)
-            .arg("--input")
-            .arg(&input),
-    );
+    let out = succeeds(&mut coach_score(&config, &input));
     let scores = rows(&out.stdout);
     for s in &scores {
         assert_eq!(s["score"]["coach"], "scripted-oracle-strong");
@@ -129,13 +126,7 @@ fn local_checkpoint_as_judge_is_deterministic_and_counts_fallbacks() {
     .unwrap();
     let input = actions_file(dir.path());
     let run = || {
-        let out = succeeds(
-            mappa()
-                .args(["coach", "score", "--config"])
-                .arg(&config)
-                .arg("--input")
-                .arg(&input),
-        );
+        let out = succeeds(&mut coach_score(&config, &input));
         (
             rows(&out.stdout),
             String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -173,13 +164,7 @@ fn bad_input_lines_are_named() {
     .unwrap();
     let input = dir.path().join("actions.jsonl");
     std::fs::write(&input, "{\"task\": \"t\", \"role\": \"verifier\"}\n").unwrap();
-    let out = mappa()
-        .args(["coach", "score", "--config"])
-        .arg(&config)
-        .arg("--input")
-        .arg(&input)
-        .output()
-        .unwrap();
+    let out = coach_score(&config, &input).output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -191,13 +176,7 @@ fn bad_input_lines_are_named() {
         "domain = \"mathchat\"\n[scripted]\nview = \"oracle\"\nstrength = \"mighty\"\n",
     )
     .unwrap();
-    let out = mappa()
-        .args(["coach", "score", "--config"])
-        .arg(&config)
-        .arg("--input")
-        .arg(&input)
-        .output()
-        .unwrap();
+    let out = coach_score(&config, &input).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("coach.toml") && stderr.contains("mighty"),
@@ -235,24 +214,17 @@ fn a_failed_replay_leaves_the_previous_output_and_needs_no_key() {
     )
     .unwrap();
     succeeds(
-        mappa()
-            .env("MAPPA_TEST_KEY_THAT_IS_NEVER_SET", "sk-test")
-            .args(["coach", "score", "--config"])
-            .arg(config("read-write"))
-            .arg("--input")
-            .arg(&first),
+        coach_score(config("read-write"), &first)
+            .env("MAPPA_TEST_KEY_THAT_IS_NEVER_SET", "sk-test"),
     );
     // Replay both, one per batch, into a file that already exists: the
     // second misses, and the file keeps what it held.
     let output = dir.path().join("scores.jsonl");
     std::fs::write(&output, "previous\n").unwrap();
     let stderr = fails(
-        mappa()
+        coach_score(config("replay"), &input)
+            .args(["--batch", "1"])
             .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
-            .args(["coach", "score", "--batch", "1", "--config"])
-            .arg(config("replay"))
-            .arg("--input")
-            .arg(&input)
             .arg("--output")
             .arg(&output),
     );
@@ -264,12 +236,8 @@ fn a_failed_replay_leaves_the_previous_output_and_needs_no_key() {
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "previous\n");
     // The recorded action alone replays, without the key, into the file.
     succeeds(
-        mappa()
+        coach_score(config("replay"), &first)
             .env_remove("MAPPA_TEST_KEY_THAT_IS_NEVER_SET")
-            .args(["coach", "score", "--config"])
-            .arg(config("replay"))
-            .arg("--input")
-            .arg(&first)
             .arg("--output")
             .arg(&output),
     );
@@ -300,11 +268,7 @@ fn an_unreachable_coach_stops_and_is_asked_again_later() {
     let output = dir.path().join("scores.jsonl");
     // Nothing listens on port 9.
     let stderr = fails(
-        mappa()
-            .args(["coach", "score", "--config"])
-            .arg(config("http://127.0.0.1:9/v1"))
-            .arg("--input")
-            .arg(&input)
+        coach_score(config("http://127.0.0.1:9/v1"), &input)
             .arg("--output")
             .arg(&output),
     );
@@ -312,13 +276,7 @@ fn an_unreachable_coach_stops_and_is_asked_again_later() {
     assert!(!output.exists(), "no output from a failed command");
 
     let url = serve();
-    let out = succeeds(
-        mappa()
-            .args(["coach", "score", "--config"])
-            .arg(config(&url))
-            .arg("--input")
-            .arg(&input),
-    );
+    let out = succeeds(&mut coach_score(config(&url), &input));
     let scores = rows(&out.stdout);
     assert_eq!(
         (&scores[0]["score"]["score"], &scores[0]["score"]["cached"]),
@@ -332,11 +290,7 @@ fn an_unreachable_coach_stops_and_is_asked_again_later() {
     );
 
     let out = succeeds(
-        mappa()
-            .args(["coach", "score", "--cache-mode", "replay", "--config"])
-            .arg(config("http://127.0.0.1:9/v1"))
-            .arg("--input")
-            .arg(&input),
+        coach_score(config("http://127.0.0.1:9/v1"), &input).args(["--cache-mode", "replay"]),
     );
     assert_eq!(rows(&out.stdout)[1]["score"]["cached"], true);
     assert_eq!(rows(&out.stdout)[1]["score"]["score"], 9.0);

@@ -337,6 +337,21 @@ mod tests {
         assert!(!text.contains(&"x".repeat(2001)));
     }
 
+    /// A rubric directory with a trivial template per role of `roles`,
+    /// except `role`'s, which is `text`.
+    fn rubric_dir(roles: &[&str], role: &str, text: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for r in roles {
+            let body = if *r == role {
+                text
+            } else {
+                "{% block system %}x{% endblock %}"
+            };
+            std::fs::write(dir.path().join(format!("{r}.j2")), body).unwrap();
+        }
+        dir
+    }
+
     #[test]
     fn unknown_roles_and_broken_templates_are_named() {
         let set = RubricSet::builtin("dsbench").unwrap();
@@ -345,39 +360,23 @@ mod tests {
             err.contains("verifier") && err.contains("data_engineer"),
             "{err}"
         );
-        let dir = tempfile::tempdir().unwrap();
-        for role in ["_base", "data_engineer", "modeler", "analyst"] {
-            std::fs::write(
-                dir.path().join(format!("{role}.j2")),
-                "{% block system %}x{% endblock %}",
-            )
-            .unwrap();
-        }
-        std::fs::write(
-            dir.path().join("modeler.j2"),
+        let dir = rubric_dir(
+            &["_base", "data_engineer", "modeler", "analyst"],
+            "modeler",
             "{% block system %}{{ unclosed {% endblock %}",
-        )
-        .unwrap();
+        );
         let err = RubricSet::from_dir(dir.path()).unwrap_err().to_string();
         assert!(err.contains("modeler.j2"), "{err}");
     }
 
     #[test]
     fn an_endless_rubric_is_an_error_not_a_hang() {
-        let dir = tempfile::tempdir().unwrap();
-        for role in ["_base", "problem_solver", "code_executor", "verifier"] {
-            std::fs::write(
-                dir.path().join(format!("{role}.j2")),
-                "{% block system %}x{% endblock %}",
-            )
-            .unwrap();
-        }
-        std::fs::write(
-            dir.path().join("verifier.j2"),
+        let dir = rubric_dir(
+            &["_base", "problem_solver", "code_executor", "verifier"],
+            "verifier",
             "{% block system %}{% for i in range(100000) %}{% for j in range(100000) %}x\
              {% endfor %}{% endfor %}{% endblock %}",
-        )
-        .unwrap();
+        );
         let set = RubricSet::from_dir(dir.path()).unwrap();
         let err = set.render(&ctx("verifier"), true).unwrap_err().to_string();
         assert!(err.contains("fuel"), "{err}");

@@ -171,6 +171,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         .map(|(i, r)| run_seed(r).unwrap_or(i as u64))
         .collect();
     let (mut steps, mut all_failed, mut all_succeeded) = (0usize, 0usize, 0usize);
+    let mut accuracy: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     for step in runs.iter().flat_map(|r| r.train_steps()) {
         steps += 1;
         match step.uniform_outcome {
@@ -178,16 +179,13 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
             Some(UniformOutcome::AllSucceeded) => all_succeeded += 1,
             None => {}
         }
-    }
-    let share = |n: usize| n as f64 / steps.max(1) as f64;
-    let mut accuracy: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    for step in runs.iter().flat_map(|r| r.train_steps()) {
         for (role, a) in &step.coach_accuracy {
             let e = accuracy.entry(role.clone()).or_default();
             e.0 += a;
             e.1 += 1;
         }
     }
+    let share = |n: usize| n as f64 / steps.max(1) as f64;
     let rewards: Vec<_> = runs
         .iter()
         .map(|r| agent_series(r, |m, a| Some(m.agent(a)?.mean_reward)))

@@ -96,6 +96,18 @@ fn boxes(value: &str, output: &str) -> bool {
 }
 
 impl InputOnly {
+    /// A coach that never slips, leaks or favours anything: its judgements'
+    /// `truly_right` is the truth for any view.
+    pub(super) fn exact(slips: SlipKind) -> Self {
+        Self {
+            slip_rate: 0.0,
+            slips,
+            blame_leak: 0.0,
+            short_plan_bias: 0.0,
+            sees_ground_truth: false,
+        }
+    }
+
     /// The coach's own derivation of `right`: `right`, or its slip.
     fn derive(&self, role: &str, right: &str, rng: &mut RngStream) -> String {
         if rng.uniform() < self.slip_rate {
@@ -229,11 +241,8 @@ mod tests {
 
     fn exact(sees_ground_truth: bool) -> InputOnly {
         InputOnly {
-            slip_rate: 0.0,
-            slips: SlipKind::Structural,
-            blame_leak: 0.0,
-            short_plan_bias: 0.0,
             sees_ground_truth,
+            ..InputOnly::exact(SlipKind::Structural)
         }
     }
 

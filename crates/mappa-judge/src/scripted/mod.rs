@@ -244,24 +244,23 @@ impl ScriptedCoach {
         let mut judging = self
             .seeds
             .stream(&format!("scripted-coach/{key}/judgement"));
-        let exact = InputOnly {
-            slip_rate: 0.0,
-            slips: self.config.slips,
-            blame_leak: 0.0,
-            short_plan_bias: 0.0,
-            sees_ground_truth: false,
-        };
         // The truth a verdict is measured against, where it is defined (the
         // arith workflow): did the agent do its part right, given its input.
-        let truth = exact.judge(ctx, solution, &mut judging.clone()).ok();
-        let (quality, why, action_bias, judged_right) = match self.config.view {
+        let (quality, why, action_bias, audit) = match self.config.view {
             View::Oracle => {
                 let (mut q, mut why) = quality(ctx, solution);
                 if self.config.judge_against_input && q < CARRIED_FORWARD && carried_forward(ctx) {
                     q = CARRIED_FORWARD;
                     why.push_str("; carried its input forward");
                 }
-                (q, why, 0.0, q >= 0.5)
+                let truth = InputOnly::exact(self.config.slips)
+                    .judge(ctx, solution, &mut judging)
+                    .ok();
+                let audit = truth.map(|t| Audit {
+                    judged_right: q >= 0.5,
+                    truly_right: t.truly_right,
+                });
+                (q, why, 0.0, audit)
             }
             View::InputOnly => {
                 let coach = InputOnly {
@@ -273,13 +272,13 @@ impl ScriptedCoach {
                 };
                 let j = coach.judge(ctx, solution, &mut judging)?;
                 let q = if j.judged_right { 1.0 } else { JUDGED_WRONG };
-                (q, j.why, j.bias, j.judged_right)
+                let audit = Audit {
+                    judged_right: j.judged_right,
+                    truly_right: j.truly_right,
+                };
+                (q, j.why, j.bias, Some(audit))
             }
         };
-        let audit = truth.map(|t| Audit {
-            judged_right,
-            truly_right: t.truly_right,
-        });
         let (default_noise, discrimination) = self.config.strength.preset();
         let noise_std = self.config.noise_std.unwrap_or(default_noise);
         let bias = self
