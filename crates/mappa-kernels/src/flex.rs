@@ -5,7 +5,12 @@
 //!   with more than [`GEMM_MAX_K`] terms per call: gemm reduces up to 512
 //!   terms in one pass on every CPU and splits longer reductions at a point
 //!   it derives from the L1 cache. Longer reductions are cut here into
-//!   512-term slices whose partial products are added in order. gemm's f32
+//!   512-term slices whose partial products are added in order. Which of
+//!   gemm's kernels reduces a slice (packed FMA chains, eight-lane dot
+//!   products for small `x @ w^T`, plain products for one- and two-term
+//!   slices, matrix-vector kernels for one row or column) follows from the
+//!   shapes and strides alone; the tests pin all but the matrix-vector
+//!   kernels against references of their summation order. gemm's f32
 //!   kernels are the same on every x86-64 CPU with AVX2 and FMA (its AVX-512
 //!   kernels are a cargo feature that is off), so a product is bit-identical
 //!   on all of them, whatever the thread count: threads split rows and
@@ -475,19 +480,65 @@ mod tests {
             .collect()
     }
 
-    /// The reference: each output element a chain of fused multiply-adds in
-    /// order of `k`, restarted every 512 terms, the chains added in order.
-    fn reference(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    /// Which of gemm's kernels (x86-64 with FMA, gemm 0.19) reduces a product
+    /// of shape `m x k @ k x n`, for `m, n >= 2`: the one-row and one-column
+    /// kernels (`m == 1` or `n == 1`) are not modelled here.
+    #[derive(Clone, Copy)]
+    enum Path {
+        /// The packed kernel: one FMA chain along `k` from zero, added to the
+        /// output. A slice of at most two terms goes to gemm's `gevv`
+        /// instead, which adds each rounded product to the output in turn
+        /// (no fused multiply-add).
+        Packed,
+        /// Row-major lhs, column-major rhs and `m * n <= 256`: eight lanes of
+        /// FMA chains (term `p` on lane `p % 8`), folded as
+        /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, added to the output.
+        Horizontal,
+    }
+
+    /// The reference for [`Path`]: each output element reduced by the
+    /// path's kernel, restarted every [`GEMM_MAX_K`] terms, the slices added
+    /// in order.
+    fn reference_on(path: Path, a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
         let mut out = vec![0.0f32; m * n];
         for i in 0..m {
             for j in 0..n {
+                let term = |p: usize| (a[i * k + p], b[p * n + j]);
                 let mut total = 0.0f32;
-                for (c, start) in (0..k).step_by(GEMM_MAX_K).enumerate() {
-                    let mut acc = 0.0f32;
-                    for p in start..k.min(start + GEMM_MAX_K) {
-                        acc = a[i * k + p].mul_add(b[p * n + j], acc);
-                    }
-                    total = if c == 0 { acc } else { total + acc };
+                for start in (0..k).step_by(GEMM_MAX_K) {
+                    let slice = start..k.min(start + GEMM_MAX_K);
+                    total = match path {
+                        Path::Packed if slice.len() <= 2 => {
+                            let mut terms = slice.map(|p| term(p).0 * term(p).1);
+                            let first = terms.next().expect("a slice is never empty");
+                            let acc = if start == 0 { first } else { first + total };
+                            terms.fold(acc, |acc, product| product + acc)
+                        }
+                        Path::Packed => {
+                            let chain = slice
+                                .map(term)
+                                .fold(0.0f32, |acc, (x, y)| x.mul_add(y, acc));
+                            if start == 0 {
+                                chain
+                            } else {
+                                total + chain
+                            }
+                        }
+                        Path::Horizontal => {
+                            let mut l = [0.0f32; 8];
+                            for (q, p) in slice.enumerate() {
+                                let (x, y) = term(p);
+                                l[q % 8] = x.mul_add(y, l[q % 8]);
+                            }
+                            let chain =
+                                ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+                            if start == 0 {
+                                chain
+                            } else {
+                                total + chain
+                            }
+                        }
+                    };
                 }
                 out[i * n + j] = total;
             }
@@ -495,29 +546,47 @@ mod tests {
         out
     }
 
+    fn reference(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        reference_on(Path::Packed, a, b, m, k, n)
+    }
+
+    /// A `[rows, cols]` tensor read through a transposed (column-major) view
+    /// of the same values.
+    fn column_major(values: Vec<f32>, rows: usize, cols: usize) -> Tensor<B, 2> {
+        let stored = t(values, [rows, cols]).transpose().into_data();
+        Tensor::<B, 2>::from_data(stored, &Default::default()).transpose()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(24))]
 
-        /// gemm's kernels (m, n >= 2) are a plain FMA chain along k, so with
-        /// k cut at 512 the product is the reference bit for bit: it cannot
-        /// depend on the CPU's caches or thread count.
+        /// A product is the reference of gemm's kernel for its layout, bit
+        /// for bit: with `k` cut at 512 it cannot depend on the CPU's caches
+        /// or thread count. (The shapes include slices of one or two terms,
+        /// which gemm reduces differently.)
         #[test]
         fn matmul_is_the_fma_chain_reference(
-            m in 2usize..40, k in 1usize..1300, n in 2usize..40, seed in 0u64..1000
+            m in 2usize..40,
+            k in prop_oneof![1usize..1300, 511usize..515, 1023usize..1027],
+            n in 2usize..40,
+            seed in 0u64..1000
         ) {
             let (a, b) = (seeded(&[m, k], seed), seeded(&[k, n], seed + 1));
-            let want = reference(&a, &b, m, k, n);
+            let bits_of = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            let packed = bits_of(reference_on(Path::Packed, &a, &b, m, k, n));
             let got = crate::matmul(t(a.clone(), [m, k]), t(b.clone(), [k, n]));
-            let want_bits: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
-            prop_assert_eq!(bits(got), want_bits.clone());
-            // The same product read through transposed (strided) views.
-            let at = t(a, [m, k]).transpose().into_data();
-            let bt = t(b, [k, n]).transpose().into_data();
-            let got = crate::matmul(
-                Tensor::<B, 2>::from_data(at, &Default::default()).transpose(),
-                Tensor::<B, 2>::from_data(bt, &Default::default()).transpose(),
-            );
-            prop_assert_eq!(bits(got), want_bits);
+            prop_assert_eq!(bits(got), packed.clone());
+            // Both operands read through transposed (strided) views.
+            let got = crate::matmul(column_major(a.clone(), m, k), column_major(b.clone(), k, n));
+            prop_assert_eq!(bits(got), packed.clone());
+            // A row-major lhs times a column-major rhs (`x @ w^T`).
+            let got = crate::matmul(t(a.clone(), [m, k]), column_major(b.clone(), k, n));
+            let want = if m * n <= 256 {
+                bits_of(reference_on(Path::Horizontal, &a, &b, m, k, n))
+            } else {
+                packed
+            };
+            prop_assert_eq!(bits(got), want);
         }
     }
 
