@@ -24,7 +24,7 @@ lint:
     cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # Run experiments/NAME.toml after checking everything it needs (`just reproduce aime --dry-run` prints the plan).
-reproduce NAME *ARGS:
+reproduce NAME *ARGS: setup-python
     cargo run --release --locked -p mappa-cli -- reproduce {{NAME}} {{ARGS}}
 
 # criterion benches (release build): forward, training step and KV-cache generation, ~1M and ~26M params.

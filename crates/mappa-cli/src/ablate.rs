@@ -58,6 +58,7 @@ pub fn ablate(args: &AblateArgs) -> anyhow::Result<()> {
             profile: Profile::Full,
             jobs: args.jobs.unwrap_or_else(default_jobs),
             runs_dir: args.runs_dir.clone(),
+            manifest_path: None,
         },
     )?;
     println!("{}", dir.join("report.md").display());

@@ -213,6 +213,7 @@ pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
                 profile,
                 jobs: args.jobs.unwrap_or_else(default_jobs),
                 runs_dir: args.runs_dir.clone(),
+                manifest_path: Some(path.clone()),
             },
         )?;
         println!("{}", dir.join("report.md").display());

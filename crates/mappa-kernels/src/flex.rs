@@ -247,9 +247,17 @@ fn inv_rms(row: &[f32], epsilon: f64) -> f32 {
     1.0 / (mean + epsilon as f32).sqrt()
 }
 
-/// `f(row, out_row)` for each row of `d` elements, rows spread over threads.
+/// `f(row, out_row)` for each row of `d` elements, rows spread over threads
+/// (on the calling thread when they fit one task: handing a small job to
+/// rayon's pool from outside it costs two thread switches).
 fn for_rows(x: &[f32], out: &mut [f32], d: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
     if d == 0 {
+        return;
+    }
+    if out.len() <= d * ROWS_PER_TASK {
+        for (out, row) in out.chunks_mut(d).zip(x.chunks(d)) {
+            f(row, out);
+        }
         return;
     }
     out.par_chunks_mut(d * ROWS_PER_TASK)
@@ -261,7 +269,8 @@ fn for_rows(x: &[f32], out: &mut [f32], d: usize, f: impl Fn(&[f32], &mut [f32])
         });
 }
 
-/// `f(a_row, b_row, out_row)` for each row of `d` elements.
+/// `f(a_row, b_row, out_row)` for each row of `d` elements (threads as in
+/// [`for_rows`]).
 fn for_row_pairs(
     a: &[f32],
     b: &[f32],
@@ -270,6 +279,12 @@ fn for_row_pairs(
     f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
 ) {
     if d == 0 {
+        return;
+    }
+    if out.len() <= d * ROWS_PER_TASK {
+        for ((out, a), b) in out.chunks_mut(d).zip(a.chunks(d)).zip(b.chunks(d)) {
+            f(a, b, out);
+        }
         return;
     }
     out.par_chunks_mut(d * ROWS_PER_TASK)
@@ -354,6 +369,22 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
             gemm::Parallelism::None
         };
         gemm_chunked(&mut out, m, n, k, &lhs_view, 0, &rhs_view, 0, parallelism);
+    } else if batches * ops < GEMM_PARALLEL_OPS {
+        // Small batches on the calling thread (see `for_rows`).
+        for (b, out) in out.chunks_mut(m * n).enumerate() {
+            let (lo, ro) = offsets(b);
+            gemm_chunked(
+                out,
+                m,
+                n,
+                k,
+                &lhs_view,
+                lo,
+                &rhs_view,
+                ro,
+                gemm::Parallelism::None,
+            );
+        }
     } else {
         out.par_chunks_mut(m * n).enumerate().for_each(|(b, out)| {
             let (lo, ro) = offsets(b);

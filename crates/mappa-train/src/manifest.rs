@@ -238,13 +238,30 @@ pub struct Study {
     /// (`mixed=0.5`, `scope=per_prompt_group`, ...).
     #[serde(default)]
     pub credit: Vec<String>,
-    /// The method arm again under other scripted coaches: `weak`, `medium`,
-    /// `strong` or `biased` (strong, plus `coach_bias`).
+    /// The method arm again under other scripted coaches: a name of
+    /// `coach_arms`, or a preset: `weak`, `medium`, `strong` or `biased`
+    /// (strong, plus `coach_bias`).
     #[serde(default)]
     pub coaches: Vec<String>,
     /// The biased coach's score offset per task kind.
     #[serde(default)]
     pub coach_bias: BTreeMap<String, f64>,
+    /// Named coach arms for `coaches`: each a table merged into the
+    /// manifest's `[coach.scripted]` (e.g. `eps_0_2 = { slip_rate = 0.2 }`).
+    #[serde(default)]
+    pub coach_arms: BTreeMap<String, toml::Table>,
+    /// Whether the study is confirmatory: its manifest and analysis were
+    /// committed before it ran, and its report names that commit. A
+    /// confirmatory study must have enough seeds for its test to reach
+    /// alpha. Off: the report labels the study exploratory.
+    #[serde(default)]
+    pub confirmatory: bool,
+    /// Whether each seed also makes its own warm start (seeds are blocks):
+    /// seed `base + i` offsets `warm_start.sft.seed` (the teacher's slips
+    /// and the order of its demonstrations) and every model's `init_seed`
+    /// by `i`. Off: every seed starts RL from one shared warm start.
+    #[serde(default)]
+    pub vary_warm_start: bool,
     /// The `--quick` profile (a smoke test, not a result).
     #[serde(default)]
     pub quick: Option<StudyProfile>,

@@ -1,6 +1,7 @@
 //! Executing a study's plan: every run not already finished, as child
-//! `mappa run` processes a few at a time, one alone until the warm start
-//! they share is cached; a failed run stops the others and reports its log.
+//! `mappa run` processes a few at a time, a run never beside another that is
+//! making the warm start it needs; a failed run stops the others and reports
+//! its log.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -86,8 +87,9 @@ fn reap(running: &mut Vec<Running<'_>>, bar: &indicatif::ProgressBar) -> anyhow:
     Ok(())
 }
 
-/// Run every planned run not already finished, `jobs` at a time (one alone
-/// until the shared warm start is cached). Each child gets the directory
+/// Run every planned run not already finished, `jobs` at a time, in plan
+/// order, except that a run waiting while another makes the warm start it
+/// needs lets later runs go first. Each child gets the directory
 /// planned here (`--run-dir`): its own run id could differ, since the code
 /// version in the lock may change (a file edited) while the study runs.
 pub fn execute_plan(
@@ -108,16 +110,23 @@ pub fn execute_plan(
     );
     bar.inc((plan.len() - todo.len()) as u64);
     let warm_ready = |run: &PlannedRun| run.warm_start_done.as_ref().is_none_or(|d| d.exists());
-    let mut queue = todo.into_iter().peekable();
+    // A run waits while another run is making the warm start it needs.
+    let may_start = |run: &PlannedRun, running: &[Running<'_>]| {
+        warm_ready(run)
+            || !running
+                .iter()
+                .any(|(other, ..)| other.warm_start_done == run.warm_start_done)
+    };
+    let mut queue = todo;
     let mut running: Vec<Running<'_>> = Vec::new();
-    while queue.peek().is_some() || !running.is_empty() {
-        // One run alone until the warm start it makes is cached.
-        let capacity = |running: &[Running<'_>]| match running.first() {
-            Some((first, ..)) if !warm_ready(first) => 1,
-            _ => jobs.max(1),
-        };
-        while running.len() < capacity(&running) {
-            let Some(run) = queue.next() else { break };
+    while !queue.is_empty() || !running.is_empty() {
+        // The first queued run that may start (a later seed's run goes ahead
+        // of one waiting for its warm start).
+        while running.len() < jobs.max(1) {
+            let Some(next) = queue.iter().position(|run| may_start(run, &running)) else {
+                break;
+            };
+            let run = queue.remove(next);
             let (child, log) = spawn(run, &exe, manifests_dir, logs_dir)?;
             running.push((run, child, log));
         }

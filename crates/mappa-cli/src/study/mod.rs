@@ -12,8 +12,9 @@
 //! [`verdict`] the pre-registered test of the claim, and [`render`] writes
 //! `report.md`, `summary.json` and the plots.
 //!
-//! The warm start is shared: the first run makes it alone, the others start
-//! once it is cached. A finished run (same manifest, same code) is reused,
+//! Runs go seed by seed. Warm starts are cached: every seed shares one, or
+//! with `vary_warm_start` each seed makes its own; a run never starts beside
+//! the run that is making its warm start. A finished run (same manifest, same code) is reused,
 //! an unfinished one started again.
 //!
 //! A study has up to three profiles: the study itself (the result),
@@ -23,6 +24,7 @@
 
 pub mod execute;
 pub mod plan;
+pub mod registration;
 pub mod render;
 pub mod summarise;
 pub mod verdict;
@@ -102,6 +104,15 @@ impl Profile {
         if seeds == 0 {
             return Err(anyhow!("study.seeds: expected at least 1"));
         }
+        let needed = mappa_core::paired::min_pairs(verdict::ALPHA) as u64;
+        if self == Profile::Full && study.confirmatory && seeds < needed {
+            return Err(anyhow!(
+                "study.seeds = {seeds}: a confirmatory study needs at least {needed} paired seeds \
+                 for its one-sided sign-flip test to be able to reach alpha = {} (its smallest \
+                 p-value is 2^-seeds)",
+                verdict::ALPHA
+            ));
+        }
         Ok(seeds)
     }
 }
@@ -139,6 +150,8 @@ pub struct StudyOptions {
     pub jobs: usize,
     /// Where the study directory goes.
     pub runs_dir: PathBuf,
+    /// The manifest file, for a confirmatory study's registration.
+    pub manifest_path: Option<PathBuf>,
 }
 
 /// Everything a study's report is made from.
@@ -167,6 +180,9 @@ pub struct StudyData<'a> {
     pub jobs: usize,
     /// Where report.md, summary.json and the plots go.
     pub out: &'a Path,
+    /// A confirmatory study's registration as it stood when the runs began
+    /// (or why there is none); `None` for other studies and profiles.
+    pub registration: Option<Result<registration::Registration, String>>,
 }
 
 /// A study ready to run: its arms, seeds and question.
@@ -247,8 +263,16 @@ fn run_planned(
         base.seed,
         &planned.arms,
         planned.seeds,
+        planned.study.is_some_and(|s| s.vary_warm_start),
         &study_dir,
     )?;
+    let registration = planned
+        .study
+        .filter(|s| s.confirmatory && options.profile == Profile::Full)
+        .map(|_| match &options.manifest_path {
+            Some(path) => registration::find(path),
+            None => Err("the manifest's file is not known".to_string()),
+        });
     let started = Instant::now();
     execute::execute_plan(&plan, &manifests_dir, &logs_dir, options.jobs)?;
     let elapsed = started.elapsed();
@@ -270,6 +294,7 @@ fn run_planned(
         elapsed,
         jobs: options.jobs,
         out: &study_dir,
+        registration,
     })?;
     Ok(study_dir)
 }

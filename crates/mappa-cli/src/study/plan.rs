@@ -54,6 +54,21 @@ fn apply_coach(manifest: &mut Manifest, coach: &str, study: &Study) -> anyhow::R
             "study.coaches = [{coach:?}]: the manifest's coach is not scripted ([coach.scripted])"
         );
     };
+    if let Some(overrides) = study.coach_arms.get(coach) {
+        let mut scripted = toml::Table::new();
+        scripted.insert("scripted".into(), toml::Value::Table(overrides.clone()));
+        let mut table = toml::Table::new();
+        table.insert("coach".into(), toml::Value::Table(scripted));
+        *manifest = manifest
+            .with_overrides(&table)
+            .map_err(|e| anyhow!("study.coach_arms.{coach}: {e}"))?;
+        if let Judge::Scripted(scripted) = &manifest.coach.judge {
+            scripted
+                .validate()
+                .map_err(|e| anyhow!("study.coach_arms.{coach}: {e}"))?;
+        }
+        return Ok(());
+    }
     let (strength, bias) = match coach {
         "weak" => (Strength::Weak, Default::default()),
         "medium" => (Strength::Medium, Default::default()),
@@ -64,7 +79,7 @@ fn apply_coach(manifest: &mut Manifest, coach: &str, study: &Study) -> anyhow::R
         }
         other => {
             return Err(anyhow!(
-                "study.coaches: {other:?} is not weak, medium, strong or biased"
+                "study.coaches: {other:?} is not a name of study.coach_arms, nor weak, medium, strong or biased"
             ))
         }
     };
@@ -188,21 +203,38 @@ pub struct PlannedRun {
     pub warm_start_done: Option<PathBuf>,
 }
 
+/// Offset everything a warm start draws from (the teacher's and the
+/// fine-tuning's seed, the models' initialisation) by `offset`.
+fn offset_warm_start(manifest: &mut Manifest, offset: u64) {
+    if let Some(warm) = &mut manifest.warm_start {
+        warm.sft.seed = warm.sft.seed.wrapping_add(offset);
+    }
+    for model in manifest.models.values_mut() {
+        model.init_seed = model.init_seed.map(|s| s.wrapping_add(offset));
+    }
+}
+
 /// Every run of `arms` over `seeds` seeds (the base seed, +1, +2, ...),
-/// named `NAME-ARM-sSEED` in `study_dir`.
+/// named `NAME-ARM-sSEED` in `study_dir`, seed by seed (every arm of a seed
+/// before the next seed). With `vary_warm_start`, each seed makes its own
+/// warm start ([`Study::vary_warm_start`]).
 pub fn plan_runs(
     name: &str,
     base_seed: u64,
     arms: &[(Arm, Manifest)],
     seeds: u64,
+    vary_warm_start: bool,
     study_dir: &Path,
 ) -> anyhow::Result<Vec<PlannedRun>> {
     let mut plan = Vec::new();
-    for (index, (arm, manifest)) in arms.iter().enumerate() {
-        for s in 0..seeds {
+    for s in 0..seeds {
+        for (index, (arm, manifest)) in arms.iter().enumerate() {
             let mut manifest = manifest.clone();
             manifest.study = None;
             manifest.seed = base_seed + s;
+            if vary_warm_start {
+                offset_warm_start(&mut manifest, s);
+            }
             manifest.name = format!("{name}-{}-s{}", slug(&arm.label), manifest.seed);
             manifest
                 .validate()
@@ -252,14 +284,20 @@ pub fn variant_arms(base: &Manifest, variants: &[String]) -> anyhow::Result<Vec<
 mod tests {
     use super::*;
 
-    fn arith() -> Manifest {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/arith.toml");
+    fn experiment(name: &str) -> Manifest {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../experiments")
+            .join(format!("{name}.toml"));
         Manifest::load(&root).unwrap()
+    }
+
+    fn arith() -> Manifest {
+        experiment("arith")
     }
 
     #[test]
     fn arms_cover_credit_variants_and_coaches_once() {
-        let base = arith();
+        let base = experiment("arith-sweep");
         let study = base.study.clone().expect("arith.toml has a [study]");
         let arms = arms(&base, &study, Profile::Full).unwrap();
         let labels: Vec<&str> = arms.iter().map(|(a, _)| a.label.as_str()).collect();
@@ -328,6 +366,98 @@ mod tests {
         assert!(err.contains("[study.validation]"), "{err}");
         assert_eq!(Profile::Validation.suffix(), "-validation");
         assert_eq!(Profile::Full.suffix(), "");
+    }
+
+    #[test]
+    fn seeds_share_a_warm_start_unless_they_vary_it() {
+        let base = arith();
+        let study = base.study.clone().unwrap();
+        let arms: Vec<_> = arms(&base, &study, Profile::Full)
+            .unwrap()
+            .into_iter()
+            .take(2)
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let warm_starts = |vary: bool| {
+            let plan = plan_runs("s", 1, &arms, 2, vary, dir.path()).unwrap();
+            // Seed by seed: both arms of seed 1, then both of seed 2.
+            let order: Vec<(usize, u64)> = plan.iter().map(|r| (r.arm, r.manifest.seed)).collect();
+            assert_eq!(order, [(0, 1), (1, 1), (0, 2), (1, 2)]);
+            let mut paths: Vec<_> = plan
+                .into_iter()
+                .map(|r| r.warm_start_done.unwrap())
+                .collect();
+            // The arms of one seed always share theirs.
+            assert_eq!(paths[0], paths[1]);
+            assert_eq!(paths[2], paths[3]);
+            paths.dedup();
+            paths.len()
+        };
+        assert_eq!(warm_starts(false), 1);
+        assert_eq!(warm_starts(true), 2);
+    }
+
+    #[test]
+    fn coach_arms_override_the_scripted_coach() {
+        let base = arith();
+        let mut study = base.study.clone().unwrap();
+        study.credit = vec![];
+        study
+            .coach_arms
+            .insert("eps_0_3".into(), toml::toml! { slip_rate = 0.3 });
+        study.coaches = vec!["eps_0_3".into()];
+        let arms = arms(&base, &study, Profile::Full).unwrap();
+        let (arm, manifest) = arms.last().unwrap();
+        assert_eq!(arm.label, format!("{}, eps_0_3 coach", study.method));
+        let Judge::Scripted(scripted) = &manifest.coach.judge else {
+            panic!("scripted")
+        };
+        assert_eq!(scripted.slip_rate, 0.3);
+        // The other arms keep the manifest's coach.
+        let Judge::Scripted(first) = &arms[0].1.coach.judge else {
+            panic!("scripted")
+        };
+        assert_ne!(first.slip_rate, 0.3);
+        // Bad values are named.
+        study
+            .coach_arms
+            .insert("bad".into(), toml::toml! { slip_rate = 1.5 });
+        study.coaches = vec!["bad".into()];
+        let err = arms_err(&base, &study);
+        assert!(
+            err.contains("study.coach_arms.bad") && err.contains("slip_rate"),
+            "{err}"
+        );
+        study
+            .coach_arms
+            .insert("typo".into(), toml::toml! { slip_rat = 0.1 });
+        study.coaches = vec!["typo".into()];
+        let err = arms_err(&base, &study);
+        assert!(
+            err.contains("study.coach_arms.typo") && err.contains("slip_rat"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_confirmatory_study_needs_enough_seeds_to_reach_alpha() {
+        let mut study = arith().study.unwrap();
+        assert!(study.confirmatory);
+        assert_eq!(Profile::Full.seeds(&study).unwrap(), study.seeds);
+        study.seeds = 4;
+        let err = Profile::Full.seeds(&study).unwrap_err().to_string();
+        assert!(
+            err.contains("study.seeds = 4") && err.contains("at least 5"),
+            "{err}"
+        );
+        // Its smoke test, and an exploratory study, may have fewer.
+        assert_eq!(Profile::Quick.seeds(&study).unwrap(), 2);
+        study.confirmatory = false;
+        assert_eq!(Profile::Full.seeds(&study).unwrap(), 4);
+    }
+
+    fn arms_err(base: &Manifest, study: &Study) -> String {
+        arms(base, study, Profile::Full).unwrap_err().to_string()
     }
 
     #[test]

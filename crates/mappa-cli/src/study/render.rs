@@ -52,6 +52,11 @@ pub fn write(data: &StudyData) -> anyhow::Result<()> {
         "trajectories_per_step": r.prompts_per_step * r.samples_per_prompt,
         "arms": arms,
         "verdict": verdict,
+        "registration": match &data.registration {
+            Some(Ok(r)) => serde_json::to_value(r)?,
+            Some(Err(why)) => serde_json::json!({ "unknown": why }),
+            None => serde_json::Value::Null,
+        },
     });
     let text = serde_json::to_string_pretty(&summary)?;
     mappa_core::fs::write_atomic(&data.out.join("summary.json"), text.as_bytes())?;
@@ -71,7 +76,7 @@ fn header(data: &StudyData, verdict: Option<&Verdict>) -> String {
         None => format!("# {}: an ablation of credit assignment\n\n", data.name),
     };
     match data.profile {
-        Profile::Full => {}
+        Profile::Full => md.push_str(&registration_note(data)),
         Profile::Quick => md.push_str(&format!("> **Quick profile** (`--quick`): a smoke test of the study for CI, with too few steps and seeds to support any claim. Run `just reproduce {}` for the result.\n\n", data.base_name)),
         Profile::Validation => md.push_str(&format!("> **Validation profile** (`--validation`): the study on other generated problems (`[study.validation]` changes the data), where values may be chosen; its \"held-out\" tasks are a validation set. The result is `just reproduce {}`, on the held-out set.\n\n", data.base_name)),
     }
@@ -90,6 +95,22 @@ fn header(data: &StudyData, verdict: Option<&Verdict>) -> String {
         family.metric(),
     ));
     md
+}
+
+/// Whether a full study is confirmatory, and if so where it was registered.
+fn registration_note(data: &StudyData) -> String {
+    match &data.registration {
+        None => "> **Exploratory study**: no analysis was registered before it ran (`[study] confirmatory` is off), so its verdict describes these runs rather than testing a claim fixed in advance.\n\n".to_string(),
+        Some(Err(why)) => format!("> **Confirmatory study, registration unknown**: its manifest and analysis code could not be traced to a commit ({why}).\n\n"),
+        Some(Ok(r)) if !r.modified.is_empty() => format!(
+            "> **Not the registered study**: `{}` changed since commit `{}` ({}), which registered the manifest and the analysis; these runs test the changed version, so read them as exploratory.\n\n",
+            r.modified.join("`, `"), &r.commit[..12.min(r.commit.len())], r.date
+        ),
+        Some(Ok(r)) => format!(
+            "> **Confirmatory study**, pre-registered: the manifest and the analysis code (`{}`) are as committed in `{}` ({}), before these runs began.\n\n",
+            r.files.join("`, `"), &r.commit[..12.min(r.commit.len())], r.date
+        ),
+    }
 }
 
 /// The verdict (a claim), or why there is none (an ablation).

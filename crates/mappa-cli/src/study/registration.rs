@@ -1,0 +1,175 @@
+//! A confirmatory study's registration: the commit that last changed its
+//! manifest or the analysis code (the verdict, the paired test, the
+//! learning-curve summaries), read from git when the study starts, and
+//! whether the checkout still matches that commit.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+
+/// Where a study's registered files stand in git.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Registration {
+    /// The last commit that changed any of `files`.
+    pub commit: String,
+    /// Its commit date (`YYYY-MM-DD`).
+    pub date: String,
+    /// The registered files, relative to the repository root.
+    pub files: Vec<String>,
+    /// Those of `files` that differ from `commit` in the checkout.
+    pub modified: Vec<String>,
+}
+
+/// The analysis code a verdict depends on, as paths in this repository.
+fn analysis_files() -> Vec<PathBuf> {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
+    vec![
+        cli.join("src/study/verdict.rs"),
+        cli.join("src/study/summarise.rs"),
+        cli.join("../mappa-core/src/paired.rs"),
+    ]
+}
+
+/// Run git in `dir`; its standard output, or why it failed.
+fn git(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .map_err(|e| format!("git: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The registration of the study in `manifest` (a file of a git checkout):
+/// an error says why there is none (not a checkout, files never committed).
+pub fn find(manifest: &Path) -> Result<Registration, String> {
+    find_with(manifest, &analysis_files())
+}
+
+/// [`find`] with the analysis code in `analysis`.
+fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, String> {
+    let dir = manifest
+        .parent()
+        .ok_or_else(|| format!("{}: no directory", manifest.display()))?;
+    let root = PathBuf::from(git(dir, &["rev-parse", "--show-toplevel"])?);
+    let mut files = vec![manifest.to_path_buf()];
+    files.extend(analysis.iter().cloned());
+    let relative: Vec<String> = files
+        .iter()
+        .map(|f| {
+            let f = f
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", f.display()))?;
+            let root = root
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", root.display()))?;
+            f.strip_prefix(&root)
+                .map(|p| p.to_string_lossy().into_owned())
+                .map_err(|_| format!("{} is outside the checkout {}", f.display(), root.display()))
+        })
+        .collect::<Result<_, String>>()?;
+    let mut args = vec!["log", "-1", "--format=%H %cs", "--"];
+    args.extend(relative.iter().map(String::as_str));
+    let log = git(&root, &args)?;
+    let (commit, date) = log.split_once(' ').ok_or_else(|| {
+        format!(
+            "{} and the analysis code were never committed",
+            manifest.display()
+        )
+    })?;
+    let mut args = vec!["status", "--porcelain", "--"];
+    args.extend(relative.iter().map(String::as_str));
+    let status = git(&root, &args)?;
+    let modified = relative
+        .iter()
+        .filter(|f| status.lines().any(|l| l.ends_with(f.as_str())))
+        .cloned()
+        .collect();
+    Ok(Registration {
+        commit: commit.to_string(),
+        date: date.to_string(),
+        files: relative,
+        modified,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn git_ok(dir: &Path, args: &[&str]) {
+        git(dir, args).unwrap();
+    }
+
+    #[test]
+    fn a_registration_names_the_commit_and_what_changed_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path();
+        git_ok(repo, &["init", "-q"]);
+        let manifest = repo.join("study.toml");
+        let analysis = vec![repo.join("verdict.rs")];
+        std::fs::write(&manifest, "name = \"study\"\n").unwrap();
+        std::fs::write(&analysis[0], "// the test\n").unwrap();
+        let err = find_with(&manifest, &analysis).unwrap_err();
+        assert!(err.contains("never committed"), "{err}");
+        let commit = |message: &str| {
+            git_ok(repo, &["add", "."]);
+            git_ok(
+                repo,
+                &[
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "commit",
+                    "-qm",
+                    message,
+                ],
+            );
+            git(repo, &["rev-parse", "HEAD"]).unwrap()
+        };
+        let registered = commit("register");
+        let r = find_with(&manifest, &analysis).unwrap();
+        assert_eq!(r.commit, registered);
+        assert_eq!(r.files, ["study.toml", "verdict.rs"]);
+        assert!(r.modified.is_empty());
+        // A later commit elsewhere does not move the registration.
+        std::fs::write(repo.join("other.txt"), "x").unwrap();
+        commit("other");
+        assert_eq!(find_with(&manifest, &analysis).unwrap().commit, registered);
+        // An edit to the analysis is reported.
+        std::fs::write(&analysis[0], "// another test\n").unwrap();
+        let r = find_with(&manifest, &analysis).unwrap();
+        assert_eq!(r.modified, ["verdict.rs"]);
+        // Outside a checkout there is no registration.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let lone = elsewhere.path().join("study.toml");
+        std::fs::write(&lone, "").unwrap();
+        assert!(find_with(&lone, &[]).is_err());
+    }
+
+    #[test]
+    fn this_checkouts_study_manifests_are_registered_when_committed() {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments/arith.toml");
+        // Outside a git checkout (a source tarball) there is no registration.
+        let Ok(r) = find(&manifest) else { return };
+        assert_eq!(r.commit.len(), 40, "{r:?}");
+        assert!(
+            r.files.contains(&"experiments/arith.toml".to_string()),
+            "{r:?}"
+        );
+        assert!(r
+            .files
+            .contains(&"crates/mappa-cli/src/study/verdict.rs".to_string()));
+        assert!(r.modified.iter().all(|f| r.files.contains(f)));
+    }
+}
