@@ -77,15 +77,17 @@ fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, Stri
                 .map_err(|_| format!("{} is outside the checkout {}", f.display(), root.display()))
         })
         .collect::<Result<_, String>>()?;
-    let mut args = vec!["log", "-1", "--format=%H %cs", "--"];
-    args.extend(relative.iter().map(String::as_str));
-    let log = git(&root, &args)?;
-    let (commit, date) = log.split_once(' ').ok_or_else(|| {
+    let never = || {
         format!(
             "{} and the analysis code were never committed",
             manifest.display()
         )
-    })?;
+    };
+    git(&root, &["rev-parse", "--verify", "--quiet", "HEAD"]).map_err(|_| never())?;
+    let mut args = vec!["log", "-1", "--format=%H %cs", "--"];
+    args.extend(relative.iter().map(String::as_str));
+    let log = git(&root, &args)?;
+    let (commit, date) = log.split_once(' ').ok_or_else(never)?;
     let mut args = vec!["status", "--porcelain", "--"];
     args.extend(relative.iter().map(String::as_str));
     let status = git(&root, &args)?;
@@ -119,8 +121,8 @@ mod tests {
         let analysis = vec![repo.join("verdict.rs")];
         std::fs::write(&manifest, "name = \"study\"\n").unwrap();
         std::fs::write(&analysis[0], "// the test\n").unwrap();
-        let err = find_with(&manifest, &analysis).unwrap_err();
-        assert!(err.contains("never committed"), "{err}");
+        let never = |err: String| assert!(err.contains("never committed"), "{err}");
+        never(find_with(&manifest, &analysis).unwrap_err());
         let commit = |message: &str| {
             git_ok(repo, &["add", "."]);
             git_ok(
@@ -137,6 +139,11 @@ mod tests {
             );
             git(repo, &["rev-parse", "HEAD"]).unwrap()
         };
+        // A checkout with commits, none of them holding the files.
+        std::fs::write(repo.join(".gitignore"), "*.toml\n*.rs\n").unwrap();
+        commit("unrelated");
+        never(find_with(&manifest, &analysis).unwrap_err());
+        std::fs::remove_file(repo.join(".gitignore")).unwrap();
         let registered = commit("register");
         let r = find_with(&manifest, &analysis).unwrap();
         assert_eq!(r.commit, registered);
