@@ -104,12 +104,17 @@ fn check_report(dir: &Path, agents: [&str; 3]) -> Value {
         report.contains("**Not judged:**") && report.contains("needs at least 5"),
         "{report}"
     );
-    let plots = [
+    let mut plots = vec![
         "accuracy.svg".to_string(),
-        "coach.svg".to_string(),
         format!("reward-{}.svg", agents[0]),
         format!("coach-score-{}.svg", agents[2]),
     ];
+    // The coach plot exists when the study has coach arms.
+    let coach_arms = arms.iter().any(|a| a["group"] == "coach");
+    assert_eq!(dir.join("coach.svg").exists(), coach_arms);
+    if coach_arms {
+        plots.push("coach.svg".to_string());
+    }
     for plot in &plots {
         let svg = std::fs::read_to_string(dir.join(plot)).unwrap();
         assert!(svg.starts_with("<svg"), "{plot}");

@@ -369,37 +369,18 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
             gemm::Parallelism::None
         };
         gemm_chunked(&mut out, m, n, k, &lhs_view, 0, &rhs_view, 0, parallelism);
-    } else if batches * ops < GEMM_PARALLEL_OPS {
-        // Small batches on the calling thread (see `for_rows`).
-        for (b, out) in out.chunks_mut(m * n).enumerate() {
-            let (lo, ro) = offsets(b);
-            gemm_chunked(
-                out,
-                m,
-                n,
-                k,
-                &lhs_view,
-                lo,
-                &rhs_view,
-                ro,
-                gemm::Parallelism::None,
-            );
-        }
     } else {
-        out.par_chunks_mut(m * n).enumerate().for_each(|(b, out)| {
+        let batch = |(b, out): (usize, &mut [f32])| {
             let (lo, ro) = offsets(b);
-            gemm_chunked(
-                out,
-                m,
-                n,
-                k,
-                &lhs_view,
-                lo,
-                &rhs_view,
-                ro,
-                gemm::Parallelism::None,
-            );
-        });
+            let none = gemm::Parallelism::None;
+            gemm_chunked(out, m, n, k, &lhs_view, lo, &rhs_view, ro, none);
+        };
+        if batches * ops < GEMM_PARALLEL_OPS {
+            // Small batches on the calling thread (see `for_rows`).
+            out.chunks_mut(m * n).enumerate().for_each(batch);
+        } else {
+            out.par_chunks_mut(m * n).enumerate().for_each(batch);
+        }
     }
     tensor(out, Shape::from(out_shape))
 }

@@ -418,42 +418,17 @@ mod tests {
             panic!("scripted")
         };
         assert_ne!(first.slip_rate, 0.3);
-        // Bad values are named.
-        study
-            .coach_arms
-            .insert("bad".into(), toml::toml! { slip_rate = 1.5 });
-        study.coaches = vec!["bad".into()];
-        let err = arms_err(&base, &study);
-        assert!(
-            err.contains("study.coach_arms.bad") && err.contains("slip_rate"),
-            "{err}"
-        );
-        study
-            .coach_arms
-            .insert("typo".into(), toml::toml! { slip_rat = 0.1 });
-        study.coaches = vec!["typo".into()];
-        let err = arms_err(&base, &study);
-        assert!(
-            err.contains("study.coach_arms.typo") && err.contains("slip_rat"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn a_confirmatory_study_needs_enough_seeds_to_reach_alpha() {
-        let mut study = arith().study.unwrap();
-        assert!(study.confirmatory);
-        assert_eq!(Profile::Full.seeds(&study).unwrap(), study.seeds);
-        study.seeds = 4;
-        let err = Profile::Full.seeds(&study).unwrap_err().to_string();
-        assert!(
-            err.contains("study.seeds = 4") && err.contains("at least 5"),
-            "{err}"
-        );
-        // Its smoke test, and an exploratory study, may have fewer.
-        assert_eq!(Profile::Quick.seeds(&study).unwrap(), 2);
-        study.confirmatory = false;
-        assert_eq!(Profile::Full.seeds(&study).unwrap(), 4);
+        // Bad values and unknown keys are named.
+        for (name, table, key) in [
+            ("bad", toml::toml! { slip_rate = 1.5 }, "slip_rate"),
+            ("typo", toml::toml! { slip_rat = 0.1 }, "slip_rat"),
+        ] {
+            study.coach_arms.insert(name.into(), table);
+            study.coaches = vec![name.into()];
+            let err = arms_err(&base, &study);
+            let named = format!("study.coach_arms.{name}");
+            assert!(err.contains(&named) && err.contains(key), "{err}");
+        }
     }
 
     fn arms_err(base: &Manifest, study: &Study) -> String {

@@ -284,16 +284,42 @@ fn coach_section(data: &StudyData, arms: &[ArmSummary]) -> String {
     let (Some(study), true) = (data.study, arms.iter().any(|a| a.group == "coach")) else {
         return String::new();
     };
-    let bias: Vec<String> = study
-        .coach_bias
-        .iter()
-        .map(|(k, v)| format!("{v:+} on {k} problems"))
-        .collect();
-    format!(
-        "\n## Coach quality\n\nThe `{}` arm again under the scripted coach's presets (weak: noise std 2.5, discrimination 0.4; medium: 1.2, 0.75; strong: 0.4, 1.0) and a biased coach (strong, plus {}).\n\n![held-out accuracy by coach](coach.svg)\n",
-        study.method,
-        bias.join(", ")
-    )
+    let describe = |name: &str| -> String {
+        if let Some(overrides) = study.coach_arms.get(name) {
+            let settings: Vec<String> = overrides
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect();
+            return format!("the manifest's coach with {}", settings.join(", "));
+        }
+        match name {
+            "weak" => "the weak preset (noise std 2.5, discrimination 0.4)".into(),
+            "medium" => "the medium preset (noise std 1.2, discrimination 0.75)".into(),
+            "strong" => "the strong preset (noise std 0.4, discrimination 1.0)".into(),
+            "biased" => {
+                let bias: Vec<String> = study
+                    .coach_bias
+                    .iter()
+                    .map(|(k, v)| format!("{v:+} on {k} problems"))
+                    .collect();
+                format!("the strong preset plus {}", bias.join(", "))
+            }
+            other => other.to_string(),
+        }
+    };
+    let mut md = format!(
+        "\n## Coach quality\n\nThe `{}` arm again under other scripted coaches:\n\n",
+        study.method
+    );
+    for arm in arms.iter().filter(|a| a.group == "coach") {
+        let name = arm
+            .label
+            .rsplit_once(", ")
+            .map_or(arm.label.as_str(), |(_, c)| c.trim_end_matches(" coach"));
+        md.push_str(&format!("- `{}`: {}.\n", arm.label, describe(name)));
+    }
+    md.push_str("\n![held-out accuracy by coach](coach.svg)\n");
+    md
 }
 
 /// A simulated coach's measured accuracy per arm and role, when known.
