@@ -419,8 +419,12 @@ fn setup_section(data: &StudyData) -> anyhow::Result<String> {
             .and_then(|v| v.as_str().map(String::from))
             .unwrap_or_default();
         let rates: Vec<String> = w.error_rates.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let per_seed = match data.study.is_some_and(|s| s.vary_warm_start) {
+            true => "; each seed its own (seed index added to the fine-tuning seed and to every model's initialisation seed above), shared by its arms",
+            false => "; one, shared by every run",
+        };
         format!(
-            "{} demonstrations per role from the scripted `{}` teacher ({slips} slips at rates {}), {} epochs of supervised training",
+            "{} demonstrations per role from the scripted `{}` teacher ({slips} slips at rates {}), {} epochs of supervised training{per_seed}",
             w.demonstrations, w.teacher, rates.join(", "), w.sft.epochs
         )
     });
