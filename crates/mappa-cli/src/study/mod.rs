@@ -14,8 +14,8 @@
 //!
 //! Runs go seed by seed. Warm starts are cached: every seed shares one, or
 //! with `vary_warm_start` each seed makes its own; a run never starts beside
-//! the run that is making its warm start. A finished run (same manifest, same code) is reused,
-//! an unfinished one started again.
+//! the run that is making its warm start. A finished run (same manifest,
+//! same code) is reused, an unfinished one started again.
 //!
 //! A study has up to three profiles: the study itself (the result),
 //! `[study.quick]` (a smoke test for CI) and `[study.validation]` (the same
@@ -38,12 +38,12 @@ use mappa_train::manifest::{Manifest, Study, StudyProfile};
 use crate::report::{load_run, RunData};
 
 /// Which question an arm answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ArmGroup {
     /// A credit variant under the manifest's coach.
     Credit,
-    /// The method under another scripted coach.
-    Coach,
+    /// The method under another scripted coach (its name in `study.coaches`).
+    Coach(String),
 }
 
 /// One arm of a study.

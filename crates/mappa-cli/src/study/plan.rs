@@ -183,7 +183,7 @@ pub fn arms(
         out.push((
             Arm {
                 label: format!("{}, {coach} coach", study.method),
-                group: ArmGroup::Coach,
+                group: ArmGroup::Coach(coach),
             },
             manifest,
         ));
@@ -308,11 +308,13 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), labels.len(), "{labels:?}");
         for (arm, manifest) in &arms {
-            if arm.group == ArmGroup::Coach {
+            if matches!(arm.group, ArmGroup::Coach(_)) {
                 assert!(matches!(manifest.coach.judge, Judge::Scripted(_)));
             }
         }
-        assert!(arms.iter().any(|(a, _)| a.group == ArmGroup::Coach));
+        assert!(arms
+            .iter()
+            .any(|(a, _)| matches!(a.group, ArmGroup::Coach(_))));
     }
 
     #[test]

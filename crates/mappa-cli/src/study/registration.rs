@@ -60,7 +60,9 @@ fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, Stri
     let dir = manifest
         .parent()
         .ok_or_else(|| format!("{}: no directory", manifest.display()))?;
-    let root = PathBuf::from(git(dir, &["rev-parse", "--show-toplevel"])?);
+    let root = PathBuf::from(git(dir, &["rev-parse", "--show-toplevel"])?)
+        .canonicalize()
+        .map_err(|e| format!("the checkout of {}: {e}", manifest.display()))?;
     let mut files = vec![manifest.to_path_buf()];
     files.extend(analysis.iter().cloned());
     let relative: Vec<String> = files
@@ -69,9 +71,6 @@ fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, Stri
             let f = f
                 .canonicalize()
                 .map_err(|e| format!("{}: {e}", f.display()))?;
-            let root = root
-                .canonicalize()
-                .map_err(|e| format!("{}: {e}", root.display()))?;
             f.strip_prefix(&root)
                 .map(|p| p.to_string_lossy().into_owned())
                 .map_err(|_| format!("{} is outside the checkout {}", f.display(), root.display()))

@@ -19,7 +19,7 @@ use mappa_train::manifest::Manifest;
 
 use super::summarise::{smooth, summarise, ArmSummary};
 use super::verdict::Verdict;
-use super::{Profile, StudyData};
+use super::{ArmGroup, Profile, StudyData};
 use crate::plot::{chart, Point, Series, Style};
 
 fn pct(x: f64) -> String {
@@ -311,12 +311,10 @@ fn coach_section(data: &StudyData, arms: &[ArmSummary]) -> String {
         "\n## Coach quality\n\nThe `{}` arm again under other scripted coaches:\n\n",
         study.method
     );
-    for arm in arms.iter().filter(|a| a.group == "coach") {
-        let name = arm
-            .label
-            .rsplit_once(", ")
-            .map_or(arm.label.as_str(), |(_, c)| c.trim_end_matches(" coach"));
-        md.push_str(&format!("- `{}`: {}.\n", arm.label, describe(name)));
+    for arm in data.arms {
+        if let ArmGroup::Coach(name) = &arm.group {
+            md.push_str(&format!("- `{}`: {}.\n", arm.label, describe(name)));
+        }
     }
     md.push_str("\n![held-out accuracy by coach](coach.svg)\n");
     md

@@ -198,7 +198,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         label: arm.label.clone(),
         group: match arm.group {
             ArmGroup::Credit => "credit",
-            ArmGroup::Coach => "coach",
+            ArmGroup::Coach(_) => "coach",
         },
         seeds,
         areas,
