@@ -27,6 +27,13 @@ lint:
 reproduce NAME *ARGS: setup-python
     cargo run --release --locked -p mappa-cli -- reproduce {{NAME}} {{ARGS}}
 
+# How long a study takes from a cold start, as on a fresh clone after the build: experiments/NAME.toml's study runs into target/bench-study/NAME (no cached warm starts); prints wall and CPU time, then each run's warm-start phases.
+bench-study NAME *ARGS: setup-python
+    cargo build --release --locked -p mappa-cli
+    rm -rf target/bench-study/{{NAME}}
+    /usr/bin/time -f "study {{NAME}}: %e s wall, %U s user CPU, %S s system CPU" target/release/mappa reproduce {{NAME}} --runs-dir target/bench-study/{{NAME}} {{ARGS}}
+    grep -h "^warm start:" target/bench-study/{{NAME}}/*-study/logs/*.log || true
+
 # criterion benches (release build): forward, training step and KV-cache generation, ~1M and ~26M params.
 bench *ARGS:
     cargo bench -p mappa-benches --bench model --locked -- {{ARGS}}

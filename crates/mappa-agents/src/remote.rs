@@ -61,19 +61,8 @@ impl Policy for RemotePolicy {
     }
 
     fn generate(&self, requests: &[PolicyRequest]) -> Result<Vec<PolicyOutput>, AgentError> {
-        let mut outputs = Vec::with_capacity(requests.len());
-        for chunk in requests.chunks(self.concurrency) {
-            let results: Vec<Result<PolicyOutput, AgentError>> = std::thread::scope(|s| {
-                let handles: Vec<_> = chunk.iter().map(|r| s.spawn(move || self.one(r))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("request thread"))
-                    .collect()
-            });
-            for r in results {
-                outputs.push(r?);
-            }
-        }
-        Ok(outputs)
+        mappa_core::par::map_bounded(requests, self.concurrency, |r| self.one(r))
+            .into_iter()
+            .collect()
     }
 }

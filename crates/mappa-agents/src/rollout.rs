@@ -289,34 +289,23 @@ impl<'a> RolloutEngine<'a> {
         Ok(())
     }
 
-    /// Run each trajectory's code (if any) concurrently; the sandbox's worker
-    /// cap bounds how many run at once.
+    /// Run each trajectory's code (if any), at most the sandbox's
+    /// `max_workers` at once (on as many threads).
     fn run_code(
         &self,
         dirs: &[PathBuf],
         codes: &[Option<String>],
     ) -> Result<Vec<Option<RunResult>>, AgentError> {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = dirs
-                .iter()
-                .zip(codes)
-                .map(|(dir, code)| {
-                    code.as_ref()
-                        .map(|c| s.spawn(move || self.sandbox.run(dir, c)))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| match h {
-                    None => Ok(None),
-                    Some(h) => h
-                        .join()
-                        .expect("sandbox thread")
-                        .map(Some)
-                        .map_err(AgentError::Sandbox),
-                })
-                .collect()
-        })
+        let jobs: Vec<(&std::path::Path, Option<&str>)> = dirs
+            .iter()
+            .zip(codes)
+            .map(|(dir, code)| (dir.as_path(), code.as_deref()))
+            .collect();
+        self.sandbox
+            .run_all(&jobs)
+            .into_iter()
+            .map(|r| r.transpose().map_err(AgentError::Sandbox))
+            .collect()
     }
 }
 

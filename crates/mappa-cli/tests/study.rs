@@ -37,7 +37,7 @@ fn numbers(dir: &Path) -> Value {
 }
 
 /// Check a quick study's report and summary against each other; returns the summary.
-fn check_report(dir: &Path, agents: [&str; 3]) -> Value {
+fn check_report(dir: &Path, agents: &[&str]) -> Value {
     let summary = numbers(dir);
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert_eq!(summary["profile"], "quick");
@@ -107,7 +107,7 @@ fn check_report(dir: &Path, agents: [&str; 3]) -> Value {
     let mut plots = vec![
         "accuracy.svg".to_string(),
         format!("reward-{}.svg", agents[0]),
-        format!("coach-score-{}.svg", agents[2]),
+        format!("coach-score-{}.svg", agents[agents.len() - 1]),
     ];
     // The coach plot exists when the study has coach arms.
     let coach_arms = arms.iter().any(|a| a["group"] == "coach");
@@ -130,7 +130,7 @@ fn check_report(dir: &Path, agents: [&str; 3]) -> Value {
 fn arith_quick_study_writes_a_well_formed_report_and_reproduces() {
     let runs = scratch();
     let agents = ["problem_solver", "code_executor", "verifier"];
-    let summary = check_report(&quick_study("arith", &runs.path().join("first")), agents);
+    let summary = check_report(&quick_study("arith", &runs.path().join("first")), &agents);
     // Again, from scratch elsewhere: the same numbers.
     let again = quick_study("arith", &runs.path().join("second"));
     assert_eq!(numbers(&again), summary);
@@ -140,7 +140,23 @@ fn arith_quick_study_writes_a_well_formed_report_and_reproduces() {
 fn tabular_quick_study_writes_a_well_formed_report() {
     let runs = scratch();
     let dir = quick_study("tabular", runs.path());
-    check_report(&dir, ["data_engineer", "modeler", "analyst"]);
+    check_report(&dir, &["data_engineer", "modeler", "analyst"]);
     let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(report.contains("valid submissions"), "{report}");
+}
+
+/// The five-agent chain (issue 16, item 5): the teacher, the relays' coach
+/// and the study run end to end, with every agent trained and reported.
+#[test]
+fn arith_chain_quick_study_writes_a_well_formed_report() {
+    let runs = scratch();
+    let dir = quick_study("arith-chain", runs.path());
+    let agents = [
+        "problem_solver",
+        "plan_checker",
+        "code_executor",
+        "output_reader",
+        "verifier",
+    ];
+    check_report(&dir, &agents);
 }

@@ -7,6 +7,7 @@
 //!   write never destroys what was already on disk.
 //! - [`chat`]: the chat message agents and coaches exchange.
 //! - [`stats`]: means and standard deviations (population and sample).
+//! - [`par`]: a parallel map on a fixed number of threads, for blocking work.
 //! - [`paired`]: the paired test that decides a study's claim (sign-flip
 //!   permutation test, bootstrap interval, detectable effect).
 //! - [`error`]: the error type of this crate.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod fs;
 pub mod hash;
 pub mod paired;
+pub mod par;
 pub mod rng;
 pub mod stats;
 

@@ -14,9 +14,10 @@ pub enum SlipKind {
     /// uncertain digits everywhere.
     #[default]
     Digit,
-    /// A fixed mistake per role, made whole: the Problem Solver and the Code
-    /// Executor leave out the expression's last operation, the Verifier
-    /// appends a `0`. Every digit copied is right, so the error is one
+    /// A fixed mistake per role, made whole: the roles that write or relay
+    /// the expression (Problem Solver, Plan Checker, Code Executor) leave
+    /// out its last operation; the roles that relay or box the printed value
+    /// (Output Reader, Verifier) append a `0`. Every digit copied is right, so the error is one
     /// decision per action that training can find and unlearn.
     Structural,
 }
@@ -67,11 +68,11 @@ pub fn drop_last_step(expr: &str) -> String {
 }
 
 /// One role's mistake of `kind` on the text it would have written (a plan
-/// or program expression, or the Verifier's boxed value).
+/// or program expression, or a value read from the program's output).
 pub fn slip(kind: SlipKind, role: &str, text: &str, rng: &mut RngStream) -> String {
     match (kind, role) {
         (SlipKind::Digit, _) => perturb_number(text, rng),
-        (SlipKind::Structural, "verifier") => format!("{text}0"),
+        (SlipKind::Structural, "verifier" | "output_reader") => format!("{text}0"),
         (SlipKind::Structural, _) => drop_last_step(text),
     }
 }
@@ -100,6 +101,19 @@ mod tests {
                 &mut rng
             ),
             "pow(2, 5)"
+        );
+        assert_eq!(
+            slip(SlipKind::Structural, "output_reader", "42", &mut rng),
+            "420"
+        );
+        assert_eq!(
+            slip(
+                SlipKind::Structural,
+                "plan_checker",
+                "(12 - 7) * 3",
+                &mut rng
+            ),
+            "(12 - 7)"
         );
         let digit = slip(SlipKind::Digit, "verifier", "42", &mut rng);
         assert_ne!(digit, "42");

@@ -6,7 +6,6 @@
 //! ([`OnOutage`]): a run never trains on a coach that did not answer.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -285,28 +284,9 @@ impl<C: ChatBackend> LlmCoach<C> {
         contexts: &[ActionContext],
         which: &[usize],
     ) -> Vec<Result<Judged, CoachError>> {
-        let results: Vec<Mutex<Option<Result<Judged, CoachError>>>> =
-            which.iter().map(|_| Mutex::new(None)).collect();
-        let next = AtomicUsize::new(0);
-        let workers = self.settings.max_concurrency.min(which.len());
-        std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| loop {
-                    let slot = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&i) = which.get(slot) else { break };
-                    let result = self.judge(&contexts[i]);
-                    *results[slot].lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
-                });
-            }
-        });
-        results
-            .into_iter()
-            .map(|r| {
-                r.into_inner()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .expect("every action was judged")
-            })
-            .collect()
+        mappa_core::par::map_bounded(which, self.settings.max_concurrency, |&i| {
+            self.judge(&contexts[i])
+        })
     }
 
     /// Whether `failed` of `total` actions without an answer is more than

@@ -139,7 +139,9 @@ pub fn ensure<B: AutodiffModelBackend>(
     if dir.join("done.json").exists() {
         return Ok(out);
     }
+    let started = std::time::Instant::now();
     let trajectories = demonstrations(manifest, warm, workflow, &roles, held_out, sandbox, dir)?;
+    let demonstrated = started.elapsed();
     let bar = crate::progress::bar(
         roles.len() * warm.sft.epochs,
         "warm start [{bar:30}] {pos}/{len} epochs ({elapsed}, eta {eta}) {msg}",
@@ -179,6 +181,13 @@ pub fn ensure<B: AutodiffModelBackend>(
     for (role, result) in roles.iter().zip(results) {
         report.insert(role.clone(), result?);
     }
+    bar.finish_and_clear();
+    eprintln!(
+        "warm start: the teacher's demonstrations took {:.1} s, fine-tuning {} models {:.1} s",
+        demonstrated.as_secs_f64(),
+        roles.len(),
+        (started.elapsed() - demonstrated).as_secs_f64()
+    );
     mappa_core::fs::write_atomic(
         &dir.join("done.json"),
         Value::Object(report).to_string().as_bytes(),

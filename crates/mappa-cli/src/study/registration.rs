@@ -1,7 +1,8 @@
-//! A confirmatory study's registration: the commit that last changed its
-//! manifest or the analysis code (the verdict, the paired test, the
-//! learning-curve summaries), read from git when the study starts, and
-//! whether the checkout still matches that commit.
+//! A confirmatory study's registration, read from git when the study
+//! starts: the commit that last changed its manifest (the registration),
+//! the commits after it that changed the analysis code (the verdict, the
+//! paired test, the learning-curve summaries), and whether the checkout
+//! still matches.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,13 +12,19 @@ use serde::Serialize;
 /// Where a study's registered files stand in git.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Registration {
-    /// The last commit that changed any of `files`.
+    /// The registration: the last commit that changed the manifest, with
+    /// the analysis code as it stood there.
     pub commit: String,
     /// Its commit date (`YYYY-MM-DD`).
     pub date: String,
-    /// The registered files, relative to the repository root.
+    /// The registered files, relative to the repository root: the manifest,
+    /// then the analysis code.
     pub files: Vec<String>,
-    /// Those of `files` that differ from `commit` in the checkout.
+    /// Commits after the registration that changed the analysis code
+    /// (`<short hash> <subject>`, oldest first): the verdict is computed by
+    /// code that was not registered, unless these left it as it was.
+    pub analysis_changed_since: Vec<String>,
+    /// Those of `files` that differ from the last commit in the checkout.
     pub modified: Vec<String>,
 }
 
@@ -83,10 +90,12 @@ fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, Stri
         )
     };
     git(&root, &["rev-parse", "--verify", "--quiet", "HEAD"]).map_err(|_| never())?;
-    let mut args = vec!["log", "-1", "--format=%H %cs", "--"];
-    args.extend(relative.iter().map(String::as_str));
-    let log = git(&root, &args)?;
+    let log = git(&root, &["log", "-1", "--format=%H %cs", "--", &relative[0]])?;
     let (commit, date) = log.split_once(' ').ok_or_else(never)?;
+    let since = format!("{commit}..HEAD");
+    let mut args = vec!["log", "--reverse", "--format=%h %s", &since, "--"];
+    args.extend(relative[1..].iter().map(String::as_str));
+    let analysis_changed_since = git(&root, &args)?.lines().map(String::from).collect();
     let mut args = vec!["status", "--porcelain", "--"];
     args.extend(relative.iter().map(String::as_str));
     let status = git(&root, &args)?;
@@ -99,6 +108,7 @@ fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, Stri
         commit: commit.to_string(),
         date: date.to_string(),
         files: relative,
+        analysis_changed_since,
         modified,
     })
 }
@@ -148,14 +158,28 @@ mod tests {
         assert_eq!(r.commit, registered);
         assert_eq!(r.files, ["study.toml", "verdict.rs"]);
         assert!(r.modified.is_empty());
+        assert!(r.analysis_changed_since.is_empty());
         // A later commit elsewhere does not move the registration.
         std::fs::write(repo.join("other.txt"), "x").unwrap();
         commit("other");
         assert_eq!(find_with(&manifest, &analysis).unwrap().commit, registered);
-        // An edit to the analysis is reported.
+        // An edit to the analysis is reported, and once committed it does
+        // not move the registration: it is listed as a change since.
         std::fs::write(&analysis[0], "// another test\n").unwrap();
         let r = find_with(&manifest, &analysis).unwrap();
         assert_eq!(r.modified, ["verdict.rs"]);
+        commit("change the verdict");
+        let r = find_with(&manifest, &analysis).unwrap();
+        assert_eq!(r.commit, registered);
+        assert!(r.modified.is_empty());
+        assert_eq!(r.analysis_changed_since.len(), 1, "{r:?}");
+        assert!(r.analysis_changed_since[0].ends_with(" change the verdict"));
+        // Changing the manifest registers again, with the analysis as it is.
+        std::fs::write(&manifest, "name = \"study 2\"\n").unwrap();
+        let again = commit("register again");
+        let r = find_with(&manifest, &analysis).unwrap();
+        assert_eq!(r.commit, again);
+        assert!(r.analysis_changed_since.is_empty());
         // Outside a checkout there is no registration.
         let elsewhere = tempfile::tempdir().unwrap();
         let lone = elsewhere.path().join("study.toml");

@@ -106,6 +106,11 @@ fn registration_note(data: &StudyData) -> String {
             "> **Not the registered study**: `{}` changed since commit `{}` ({}), which registered the manifest and the analysis; these runs test the changed version, so read them as exploratory.\n\n",
             r.modified.join("`, `"), &r.commit[..12.min(r.commit.len())], r.date
         ),
+        Some(Ok(r)) if !r.analysis_changed_since.is_empty() => format!(
+            "> **Confirmatory study, analysis changed since registration**: commit `{}` ({}) registered the manifest (`{}`) and the analysis code (`{}`); the analysis code changed after it, in {}. The verdict below is computed by the changed code: it is the registered verdict only if those changes left the numbers as they were.\n\n",
+            &r.commit[..12.min(r.commit.len())], r.date, r.files[0], r.files[1..].join("`, `"),
+            r.analysis_changed_since.iter().map(|c| format!("`{}`", c.split(' ').next().unwrap_or(c))).collect::<Vec<_>>().join(", ")
+        ),
         Some(Ok(r)) => format!(
             "> **Confirmatory study**, pre-registered: the manifest and the analysis code (`{}`) are as committed in `{}` ({}), before these runs began.\n\n",
             r.files.join("`, `"), &r.commit[..12.min(r.commit.len())], r.date

@@ -355,6 +355,18 @@ impl Sandbox {
         }
     }
 
+    /// Run each program of `jobs` (`(workdir, Some(code))`; `None` where
+    /// there is nothing to run) on at most `max_workers` threads; the results
+    /// in the order of `jobs`.
+    pub fn run_all(
+        &self,
+        jobs: &[(&Path, Option<&str>)],
+    ) -> Vec<Option<Result<RunResult, SandboxError>>> {
+        mappa_core::par::map_bounded(jobs, self.config.max_workers, |(dir, code)| {
+            code.map(|code| self.run(dir, code))
+        })
+    }
+
     fn acquire(&self) -> WorkerSlot<'_> {
         let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         while *busy >= self.config.max_workers {

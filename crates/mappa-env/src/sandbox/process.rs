@@ -152,7 +152,13 @@ fn lease_uid(base: u32) -> Result<UidLease, SandboxError> {
 
 /// Kill every process running as `uid`, by forking a child that becomes
 /// `uid` and signals everything it may (`kill(-1)` spares the caller).
+/// Nothing is forked when no process of `uid` is alive: forking this
+/// process (a trainer holding models) costs far more than reading `/proc`,
+/// and a run that left nothing behind is the common case.
 fn kill_uid(program: &Path, uid: u32) {
+    if !process_table().iter().any(|&(_, _, _, owner)| owner == uid) {
+        return;
+    }
     let mut cmd = Command::new(program);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -1,8 +1,10 @@
 //! The input-only view: a simulated coach that does not know the answers.
-//! It judges each action of the arith workflow (`arith-compact`: the
+//! It judges each action of the arith workflows (`arith-compact`: the
 //! Problem Solver plans a Python expression, the Code Executor prints the
-//! plan, the Verifier boxes the printed value) from the action's input
-//! alone, by re-deriving the right action itself and comparing:
+//! plan, the Verifier boxes the printed value; `arith-chain` adds a Plan
+//! Checker restating the plan and an Output Reader restating the printed
+//! value) from the action's input alone, by re-deriving the right action
+//! itself and comparing:
 //!
 //! - it re-derives with its own slip rate `epsilon`, making the agents' own
 //!   kind of mistake ([`mappa_env::slips`]): when it slips the way the agent
@@ -133,11 +135,14 @@ impl InputOnly {
         })?;
         match ctx.role.as_str() {
             "problem_solver" => Ok(self.judge_plan(ctx, plan, rng)),
+            "plan_checker" => Ok(self.judge_relayed_plan(ctx, plan, rng)),
             "code_executor" => Ok(self.judge_program(ctx, plan, rng)),
+            "output_reader" => Ok(self.judge_read_value(ctx, solution, rng)),
             "verifier" => Ok(self.judge_boxed(ctx, solution, rng)),
             other => Err(CoachError::Config(format!(
-                "action {:?}: the input-only scripted coach judges the arith workflow's roles \
-                 (problem_solver, code_executor, verifier), not {other:?}",
+                "action {:?}: the input-only scripted coach judges the arith workflows' roles \
+                 (problem_solver, plan_checker, code_executor, output_reader, verifier), \
+                 not {other:?}",
                 ctx.id
             ))),
         }
@@ -153,6 +158,31 @@ impl InputOnly {
             truly_right: norm(written) == norm(right),
             bias: if shorter { self.short_plan_bias } else { 0.0 },
             why: format!("plan {written:?}, the coach derives {derived:?}"),
+        }
+    }
+
+    /// The Plan Checker (`arith-chain`): the plan it restates against the
+    /// plan it was handed.
+    fn judge_relayed_plan(
+        &self,
+        ctx: &ActionContext,
+        right: &str,
+        rng: &mut RngStream,
+    ) -> Judgement {
+        let handed = labelled(&ctx.agent_input, "Plan:").unwrap_or("");
+        let written = labelled(&ctx.output, "Plan:").unwrap_or(ctx.output.trim());
+        let derived = self.derive("plan_checker", handed, rng);
+        let faithful = !written.is_empty() && norm(written) == norm(handed);
+        let leak = faithful && norm(handed) != norm(right) && rng.uniform() < self.blame_leak;
+        let shorter = norm(written).len() < norm(&derived).len();
+        Judgement {
+            judged_right: norm(written) == norm(&derived) && !leak,
+            truly_right: faithful,
+            bias: if shorter { self.short_plan_bias } else { 0.0 },
+            why: format!(
+                "restates {written:?} for the plan {handed:?}{}",
+                if leak { "; blamed for the plan" } else { "" }
+            ),
         }
     }
 
@@ -195,15 +225,51 @@ impl InputOnly {
                 why: format!("boxes the reference answer: {}", boxes(answer, &ctx.output)),
             };
         }
-        let derived = self.derive("verifier", handed, rng);
+        self.judge_value_relay("verifier", "boxes", handed, &ctx.output, solution, rng)
+    }
+
+    /// The Output Reader (`arith-chain`): the value it restates (its first
+    /// line) against the printed value it was handed.
+    fn judge_read_value(
+        &self,
+        ctx: &ActionContext,
+        solution: &KnownSolution,
+        rng: &mut RngStream,
+    ) -> Judgement {
+        let handed = printed_value(&ctx.agent_input).unwrap_or("");
+        let written = ctx
+            .output
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        let shown = format!("\\boxed{{{}}}", written.trim());
+        self.judge_value_relay("output_reader", "restates", handed, &shown, solution, rng)
+    }
+
+    /// A role that hands on the printed value `handed` (what it wrote,
+    /// boxed: `shown`; `verb` says how, in the account): judged against the
+    /// coach's own reading of it, with blame leaking onto a faithful relay
+    /// of a value that is not the answer.
+    fn judge_value_relay(
+        &self,
+        role: &str,
+        verb: &str,
+        handed: &str,
+        shown: &str,
+        solution: &KnownSolution,
+        rng: &mut RngStream,
+    ) -> Judgement {
+        let faithful = boxes(handed, shown);
+        let answer = solution.answer.as_deref().unwrap_or("");
+        let derived = self.derive(role, handed, rng);
         let wrong_input = !boxes(answer, &format!("\\boxed{{{handed}}}"));
         let leak = faithful && wrong_input && rng.uniform() < self.blame_leak;
         Judgement {
-            judged_right: boxes(&derived, &ctx.output) && !leak,
+            judged_right: boxes(&derived, shown) && !leak,
             truly_right: faithful,
             bias: 0.0,
             why: format!(
-                "boxes the printed {handed:?}: {faithful}{}",
+                "{verb} the printed {handed:?}: {faithful}{}",
                 if leak { "; blamed for the value" } else { "" }
             ),
         }
@@ -284,6 +350,63 @@ mod tests {
         assert!(!judge(&coach, &error).judged_right);
         let boxed = judge(&coach, &ctx("verifier", "Output:\n25", "\\boxed{25}", None));
         assert!(boxed.judged_right && boxed.truly_right);
+    }
+
+    #[test]
+    fn the_long_chains_relays_are_judged_against_what_they_were_handed() {
+        let coach = exact(false);
+        let checker = |handed: &str, written: &str| {
+            judge(
+                &coach,
+                &ctx(
+                    "plan_checker",
+                    &format!("Plan: {handed}"),
+                    &format!("Plan: {written}"),
+                    None,
+                ),
+            )
+        };
+        let faithful_wrong = checker("(12 - 7) * 5", "(12 - 7) * 5");
+        assert!(faithful_wrong.judged_right && faithful_wrong.truly_right);
+        let dropped = checker("(12 - 7) * 5 + 1", "(12 - 7) * 5");
+        assert!(!dropped.judged_right && !dropped.truly_right);
+        let reader = |handed: &str, written: &str| {
+            judge(
+                &coach,
+                &ctx(
+                    "output_reader",
+                    &format!("Output:\n{handed}"),
+                    written,
+                    None,
+                ),
+            )
+        };
+        let read = reader("26", "26");
+        assert!(read.judged_right && read.truly_right, "{read:?}");
+        let misread = reader("26", "260");
+        assert!(!misread.judged_right && !misread.truly_right);
+        // Blame leaks onto a faithful relay of a value that is not the answer,
+        // and a relayed short plan gets the short-plan bias.
+        let leaky = InputOnly {
+            blame_leak: 1.0,
+            short_plan_bias: 2.0,
+            ..exact(false)
+        };
+        let j = judge(&leaky, &ctx("output_reader", "Output:\n25", "25", None));
+        assert!(
+            !j.judged_right && j.truly_right && j.why.contains("blamed"),
+            "{j:?}"
+        );
+        let j = judge(
+            &leaky,
+            &ctx(
+                "plan_checker",
+                "Plan: (12 - 7) * 5 + 1",
+                "Plan: (12 - 7) * 5",
+                None,
+            ),
+        );
+        assert_eq!(j.bias, 2.0);
     }
 
     #[test]

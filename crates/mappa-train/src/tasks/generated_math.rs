@@ -167,11 +167,7 @@ impl TaskFamily for GeneratedMath {
                 warm.teacher
             )));
         }
-        expect_roles(
-            &warm.teacher,
-            roles,
-            &["problem_solver", "code_executor", "verifier"],
-        )?;
+        expect_roles(&warm.teacher, roles, &ARITH_CHAINS)?;
         // Demonstrations repeated over the RL training problems would teach
         // the models to recall those problems rather than to copy numbers.
         let held_out: HashSet<String> = held_out
@@ -202,6 +198,7 @@ impl TaskFamily for GeneratedMath {
             .collect();
         let policies = arith_teacher(
             Arc::new(problems),
+            roles,
             &warm.error_rates,
             warm.slips,
             SeedTree::new(warm.sft.seed),
@@ -218,84 +215,102 @@ fn user_message<'r>(r: &'r PolicyRequest, role: &str) -> Result<&'r str, String>
         .ok_or_else(|| format!("the {role}'s request has no user message"))
 }
 
-/// The arith teacher's policies: the Problem Solver plans with the Python
-/// expression, the Code Executor prints the planned expression, the
-/// Verifier boxes the printed value; each slips at its role's error rate.
-/// A prompt the teacher cannot read (a workflow whose wording changed) is
-/// an error, never a made-up demonstration.
+/// The chains of roles the `arith` teacher writes for: the MathChat shape
+/// (`arith-compact`), and the five-agent chain (`arith-chain`) in which a
+/// Plan Checker relays the plan and an Output Reader relays the printed
+/// value.
+const ARITH_CHAINS: [&[&str]; 2] = [
+    &["problem_solver", "code_executor", "verifier"],
+    &[
+        "problem_solver",
+        "plan_checker",
+        "code_executor",
+        "output_reader",
+        "verifier",
+    ],
+];
+
+/// The plan in a prompt: its first line starting with `Plan: `.
+fn handed_plan(user: &str, role: &str) -> Result<String, String> {
+    user.lines()
+        .find_map(|l| l.strip_prefix("Plan: "))
+        .map(str::to_string)
+        .ok_or_else(|| {
+            format!("the {role}'s prompt has no line starting with \"Plan: \" (the plan it is handed): {user:?}")
+        })
+}
+
+/// The printed value in a prompt: the first line after `Output:`.
+fn handed_output(user: &str, role: &str) -> Result<String, String> {
+    let rest = user.split("Output:\n").nth(1).ok_or_else(|| {
+        format!("the {role}'s prompt has no \"Output:\" section (the value it is handed): {user:?}")
+    })?;
+    Ok(rest.lines().next().unwrap_or("0").trim().to_string())
+}
+
+/// The arith teacher's policies, one per role of `roles` (one of
+/// [`ARITH_CHAINS`]): the Problem Solver plans with the Python expression,
+/// the Plan Checker restates the plan, the Code Executor prints the plan it
+/// is handed, the Output Reader restates the printed value, the Verifier
+/// boxes the value it is handed; each slips at its role's error rate. A
+/// prompt the teacher cannot read (a workflow whose wording changed) is an
+/// error, never a made-up demonstration.
 fn arith_teacher(
     problems: Arc<Vec<GeneratedProblem>>,
+    roles: &[String],
     error_rates: &BTreeMap<String, f64>,
     kind: SlipKind,
     seeds: SeedTree,
 ) -> Vec<ScriptedPolicy> {
-    let rate = |role: &str| error_rates.get(role).copied().unwrap_or(0.0);
-    let slips = move |r: &PolicyRequest| seeds.stream(&format!("teacher/{}", r.stream));
     let find = |problems: &[GeneratedProblem], user: &str| -> Option<GeneratedProblem> {
         problems
             .iter()
             .find(|p| user.contains(p.statement()))
             .cloned()
     };
-    let (p1, p2) = (problems.clone(), problems);
-    let (r1, r2, r3) = (
-        rate("problem_solver"),
-        rate("code_executor"),
-        rate("verifier"),
-    );
-    let solver = ScriptedPolicy::fallible("arith-teacher-solver", move |r| {
-        let user = user_message(r, "Problem Solver")?;
-        let p = find(&p1, user).ok_or_else(|| {
-            format!("no problem of the teacher's pool in the Problem Solver's prompt {user:?}")
-        })?;
-        let mut rng = slips(r);
-        let expr = if rng.uniform() < r1 {
-            slip(kind, "problem_solver", p.expression(), &mut rng)
-        } else {
-            p.expression().to_string()
-        };
-        Ok(format!("Plan: {expr}"))
-    });
-    let executor = ScriptedPolicy::fallible("arith-teacher-executor", move |r| {
-        let user = user_message(r, "Code Executor")?;
-        let plan = user
-            .lines()
-            .find_map(|l| l.strip_prefix("Plan: "))
-            .ok_or_else(|| {
-                format!("the Code Executor's prompt has no line starting with \"Plan: \" (the Problem Solver's plan): {user:?}")
-            })?
-            .to_string();
-        let preamble = find(&p2, user).map(|p| p.preamble()).unwrap_or_default();
-        let mut rng = slips(r);
-        let expr = if rng.uniform() < r2 {
-            slip(kind, "code_executor", &plan, &mut rng)
-        } else {
-            plan
-        };
-        Ok(format!("```python\n{preamble}print({expr})\n```"))
-    });
-    let verifier = ScriptedPolicy::fallible("arith-teacher-verifier", move |r| {
-        let user = user_message(r, "Verifier")?;
-        let printed = user
-            .split("Output:\n")
-            .nth(1)
-            .ok_or_else(|| {
-                format!("the Verifier's prompt has no \"Output:\" section (the program's output): {user:?}")
-            })?
-            .lines()
-            .next()
-            .unwrap_or("0")
-            .trim()
-            .to_string();
-        let mut rng = slips(r);
-        let value = if rng.uniform() < r3 {
-            slip(kind, "verifier", &printed, &mut rng)
-        } else {
-            printed
-        };
-        Ok(format!("\\boxed{{{value}}}"))
-    });
-    vec![solver, executor, verifier]
+    roles
+        .iter()
+        .map(|role| {
+            let (name, problems) = (role.clone(), problems.clone());
+            let rate = error_rates.get(role).copied().unwrap_or(0.0);
+            // The action right for its input, or this role's slip.
+            let act = move |r: &PolicyRequest, right: String| {
+                let mut rng = seeds.stream(&format!("teacher/{}", r.stream));
+                if rng.uniform() < rate {
+                    slip(kind, &name, &right, &mut rng)
+                } else {
+                    right
+                }
+            };
+            match role.as_str() {
+                "problem_solver" => ScriptedPolicy::fallible("arith-teacher-solver", move |r| {
+                    let user = user_message(r, "Problem Solver")?;
+                    let p = find(&problems, user).ok_or_else(|| {
+                        format!("no problem of the teacher's pool in the Problem Solver's prompt {user:?}")
+                    })?;
+                    Ok(format!("Plan: {}", act(r, p.expression().to_string())))
+                }),
+                "plan_checker" => ScriptedPolicy::fallible("arith-teacher-plan-checker", move |r| {
+                    let plan = handed_plan(user_message(r, "Plan Checker")?, "Plan Checker")?;
+                    Ok(format!("Plan: {}", act(r, plan)))
+                }),
+                "code_executor" => ScriptedPolicy::fallible("arith-teacher-executor", move |r| {
+                    let user = user_message(r, "Code Executor")?;
+                    let plan = handed_plan(user, "Code Executor")?;
+                    let preamble = find(&problems, user).map(|p| p.preamble()).unwrap_or_default();
+                    Ok(format!("```python\n{preamble}print({})\n```", act(r, plan)))
+                }),
+                "output_reader" => ScriptedPolicy::fallible("arith-teacher-output-reader", move |r| {
+                    let value = handed_output(user_message(r, "Output Reader")?, "Output Reader")?;
+                    Ok(act(r, value))
+                }),
+                _ => ScriptedPolicy::fallible("arith-teacher-verifier", move |r| {
+                    let value = handed_output(user_message(r, "Verifier")?, "Verifier")?;
+                    Ok(format!("\\boxed{{{}}}", act(r, value)))
+                }),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -307,8 +322,10 @@ mod tests {
     /// with the reason, instead of demonstrating `\boxed{0}`.
     #[test]
     fn the_teacher_refuses_prompts_it_cannot_read() {
+        let roles: Vec<String> = ARITH_CHAINS[0].iter().map(|r| r.to_string()).collect();
         let policies = arith_teacher(
             Arc::new(generate_mix_of(&Tier::ALL, 2, 3)),
+            &roles,
             &BTreeMap::new(),
             SlipKind::Digit,
             SeedTree::new(1),
@@ -331,5 +348,43 @@ mod tests {
             .generate(&[request("Output:\n7\n")])
             .unwrap();
         assert_eq!(ok[0].text, "\\boxed{7}");
+    }
+
+    /// The five-agent chain's relays restate what they are handed, and slip
+    /// the structural way at their error rates; other chains are refused.
+    #[test]
+    fn the_teacher_writes_for_the_five_agent_chain() {
+        let roles: Vec<String> = ARITH_CHAINS[1].iter().map(|r| r.to_string()).collect();
+        let request = |user: &str| PolicyRequest {
+            messages: vec![Message::new("system", "s"), Message::new("user", user)],
+            stream: "t".into(),
+        };
+        let text = |policies: &[ScriptedPolicy], agent: usize, user: &str| {
+            policies[agent].generate(&[request(user)]).unwrap()[0].text.clone()
+        };
+        let problems = Arc::new(generate_mix_of(&Tier::ALL, 2, 3));
+        let exact = arith_teacher(
+            problems.clone(),
+            &roles,
+            &BTreeMap::new(),
+            SlipKind::Structural,
+            SeedTree::new(1),
+        );
+        assert_eq!(exact.len(), 5);
+        assert_eq!(text(&exact, 1, "Plan: (3 + 4) * 2"), "Plan: (3 + 4) * 2");
+        assert_eq!(text(&exact, 3, "Output:\n14\n"), "14");
+        assert_eq!(text(&exact, 4, "Output:\n14"), "\\boxed{14}");
+        let always: BTreeMap<String, f64> = [("plan_checker", 1.0), ("output_reader", 1.0)]
+            .into_iter()
+            .map(|(r, p)| (r.to_string(), p))
+            .collect();
+        let slipping = arith_teacher(problems, &roles, &always, SlipKind::Structural, SeedTree::new(1));
+        assert_eq!(text(&slipping, 1, "Plan: (3 + 4) * 2"), "Plan: (3 + 4)");
+        assert_eq!(text(&slipping, 3, "Output:\n14"), "140");
+        let e = slipping[3].generate(&[request("14")]).unwrap_err().to_string();
+        assert!(e.contains("Output Reader") && e.contains("Output:"), "{e}");
+        let four: Vec<String> = roles[..4].to_vec();
+        let e = expect_roles("arith", &four, &ARITH_CHAINS).unwrap_err().to_string();
+        assert!(e.contains("plan_checker -> code_executor -> output_reader"), "{e}");
     }
 }

@@ -136,7 +136,7 @@ impl TaskFamily for GeneratedTabular {
         expect_roles(
             &warm.teacher,
             roles,
-            &["data_engineer", "modeler", "analyst"],
+            &[&["data_engineer", "modeler", "analyst"]],
         )?;
         let pool_seed = SeedTree::new(self.seed)
             .stream("warm-start/pool")

@@ -125,22 +125,23 @@ pub struct Teacher {
     pub policies: Vec<ScriptedPolicy>,
 }
 
-/// Checks that a teacher made for `expected` roles is used with them.
+/// Checks that a teacher made for one of the `chains` of roles is used
+/// with one of them.
 pub(crate) fn expect_roles(
     teacher: &str,
     roles: &[String],
-    expected: &[&str],
+    chains: &[&[&str]],
 ) -> Result<(), TrainError> {
-    if roles
+    if chains
         .iter()
-        .map(String::as_str)
-        .eq(expected.iter().copied())
+        .any(|chain| roles.iter().map(String::as_str).eq(chain.iter().copied()))
     {
         return Ok(());
     }
+    let known: Vec<String> = chains.iter().map(|c| c.join(" -> ")).collect();
     Err(TrainError::Config(format!(
         "warm_start.teacher = {teacher:?} writes for agents {} but the workflow has {}",
-        expected.join(" -> "),
+        known.join(" or "),
         roles.join(" -> ")
     )))
 }
