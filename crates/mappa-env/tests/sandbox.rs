@@ -6,7 +6,6 @@
 
 use std::io::ErrorKind;
 use std::net::TcpListener;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -32,10 +31,17 @@ fn scratch() -> (tempfile::TempDir, PathBuf) {
     (dir, work)
 }
 
-/// Processes still alive that belong to the run (its uid, when it had one).
+/// Processes still alive that belong to the run (its uid, when it had one),
+/// by the real uid in `/proc/<pid>/status` (a non-dumpable process's
+/// `/proc` entries are owned by root).
 fn survivors(result: &RunResult) -> usize {
     let Some(uid) = result.isolation.uid else {
         return 0;
+    };
+    let real_uid = |pid: &std::path::Path| -> Option<u32> {
+        let status = std::fs::read_to_string(pid.join("status")).ok()?;
+        let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+        line.split_whitespace().next()?.parse().ok()
     };
     std::fs::read_dir("/proc")
         .unwrap()
@@ -46,7 +52,7 @@ fn survivors(result: &RunResult) -> usize {
                 .bytes()
                 .all(|b| b.is_ascii_digit())
         })
-        .filter(|e| e.metadata().map(|m| m.uid() == uid).unwrap_or(false))
+        .filter(|e| real_uid(&e.path()) == Some(uid))
         .count()
 }
 
@@ -162,6 +168,29 @@ fn cpu_limit_stops_a_busy_program_before_the_wall_clock() {
     // The kernel enforces RLIMIT_CPU at tick granularity, on its own clock.
     assert!(result.cpu_time_s >= 0.5, "{result:?}");
     assert_eq!(result.signal, Some(libc::SIGXCPU), "{result:?}");
+}
+
+/// A program that makes itself non-dumpable (so that `/proc` shows its
+/// entries as root's) and leaves a daemon in a session of its own is still
+/// swept: nothing of the run's uid survives it.
+#[test]
+fn a_hidden_daemon_does_not_outlive_its_run() {
+    let code = "import ctypes, os, time\n\
+                libc = ctypes.CDLL(None)\n\
+                PR_SET_DUMPABLE = 4\n\
+                libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)\n\
+                if os.fork() == 0:\n    \
+                    os.setsid()\n    \
+                    if os.fork() == 0:\n        \
+                        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)\n        \
+                        time.sleep(30)\n    \
+                    os._exit(0)\n\
+                time.sleep(0.5)\n\
+                print('left a daemon')\n";
+    let (result, _dir, _work) = run_with(config(), code);
+    assert_eq!(result.status, Status::Ok, "{result:?}");
+    assert_eq!(survivors(&result), 0, "{result:?}");
+    host_is_healthy();
 }
 
 #[test]

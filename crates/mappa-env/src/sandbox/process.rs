@@ -31,7 +31,10 @@ pub(super) fn prepare_parent() {
     }
 }
 
-/// (pid, parent pid, process group, uid) of every process.
+/// (pid, parent pid, process group, real uid) of every process. The uid
+/// comes from `/proc/<pid>/status`, not from the owner of `/proc/<pid>`:
+/// a process that makes itself non-dumpable has its `/proc` entries owned
+/// by root, and must not hide from the sweep that way.
 fn process_table() -> Vec<(libc::pid_t, libc::pid_t, libc::pid_t, u32)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -40,7 +43,14 @@ fn process_table() -> Vec<(libc::pid_t, libc::pid_t, libc::pid_t, u32)> {
         .flatten()
         .filter_map(|e| {
             let pid: libc::pid_t = e.file_name().to_str()?.parse().ok()?;
-            let uid = e.metadata().ok()?.uid();
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let uid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
             // "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
             let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace().skip(1);
