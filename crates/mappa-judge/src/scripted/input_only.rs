@@ -214,13 +214,12 @@ impl InputOnly {
         rng: &mut RngStream,
     ) -> Judgement {
         let handed = printed_value(&ctx.agent_input).unwrap_or("");
-        let faithful = boxes(handed, &ctx.output);
-        let answer = solution.answer.as_deref().unwrap_or("");
         let sees_answer = self.sees_ground_truth && ctx.is_last_agent && ctx.ground_truth.is_some();
         if sees_answer {
+            let answer = solution.answer.as_deref().unwrap_or("");
             return Judgement {
                 judged_right: boxes(answer, &ctx.output),
-                truly_right: faithful,
+                truly_right: boxes(handed, &ctx.output),
                 bias: 0.0,
                 why: format!("boxes the reference answer: {}", boxes(answer, &ctx.output)),
             };
