@@ -333,6 +333,32 @@ fn stdin_is_closed() {
 }
 
 #[test]
+fn no_signal_is_blocked_in_the_program() {
+    // The sandbox blocks every signal around starting the process; the
+    // program must get an empty mask, or it could not be interrupted.
+    let code = "import signal\nprint(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))\n";
+    let (result, _dir, _work) = run_with(config(), code);
+    assert_eq!(result.status, Status::Ok, "{result:?}");
+    assert_eq!(result.stdout.trim(), "[]");
+}
+
+#[test]
+fn an_interpreter_that_cannot_start_is_a_clear_error() {
+    // Executable, reachable, but its own interpreter does not exist: exec
+    // fails in the new process, after every check the parent makes.
+    let (dir, work) = scratch();
+    let broken = dir.path().join("python3");
+    std::fs::write(&broken, "#!/nonexistent/interpreter\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut config = config();
+    config.python = broken;
+    let sandbox = Sandbox::new(config).unwrap();
+    let err = sandbox.run(&work, "print(1)\n").unwrap_err().to_string();
+    assert!(err.contains("No such file"), "{err}");
+    host_is_healthy();
+}
+
+#[test]
 fn worker_cap_bounds_concurrent_runs() {
     let mut config = config();
     config.max_workers = 2;

@@ -67,44 +67,16 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
     }
 
     fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self> {
-        #[derive(Debug)]
-        struct RmsNorm;
+        from_inputs::<B, C>([x, gamma], epsilon, B::rms_norm, B::rms_norm_backward)
+    }
 
-        impl<B: ModelBackend> Backward<B, 2> for RmsNorm {
-            type State = (FloatTensor<B>, FloatTensor<B>, f64);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                _: &mut Checkpointer,
-            ) {
-                let (x, gamma, epsilon) = ops.state;
-                let grad = grads.consume::<B>(&ops.node);
-                let (dx, dgamma) = B::rms_norm_backward(x, gamma, grad, epsilon);
-                let [x_node, gamma_node] = ops.parents;
-                if let Some(node) = x_node {
-                    grads.register::<B>(node.id, dx);
-                }
-                if let Some(node) = gamma_node {
-                    grads.register::<B>(node.id, dgamma);
-                }
-            }
-        }
-
-        match RmsNorm
-            .prepare::<C>([x.node.clone(), gamma.node.clone()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let state = (x.primitive.clone(), gamma.primitive.clone(), epsilon);
-                prep.finish(state, B::rms_norm(x.primitive, gamma.primitive, epsilon))
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::rms_norm(x.primitive, gamma.primitive, epsilon))
-            }
-        }
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        from_inputs::<B, C>(
+            [gate, up],
+            0.0,
+            |gate, up, _| B::swiglu(gate, up),
+            |gate, up, grad, _| B::swiglu_backward(gate, up, grad),
+        )
     }
 
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -149,6 +121,60 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
             }
             OpsKind::UnTracked(prep) => prep.finish(B::sum(x.primitive)),
         }
+    }
+}
+
+/// A kernel of two tensors and a scalar setting (RMSNorm's epsilon; unused
+/// by SwiGLU): `forward(a, b, setting)`.
+type TwoInputKernel<B> = fn(FloatTensor<B>, FloatTensor<B>, f64) -> FloatTensor<B>;
+
+/// Its backward kernel, `backward(a, b, grad, setting) -> (d_a, d_b)`.
+type TwoInputBackward<B> =
+    fn(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, f64) -> (FloatTensor<B>, FloatTensor<B>);
+
+/// The backward pass of an operation of two tensors whose two gradients
+/// one kernel call computes from the inputs (RMSNorm, SwiGLU).
+#[derive(Debug)]
+struct FromInputs<B: ModelBackend> {
+    backward: TwoInputBackward<B>,
+}
+
+impl<B: ModelBackend> Backward<B, 2> for FromInputs<B> {
+    /// The inputs and the setting.
+    type State = (FloatTensor<B>, FloatTensor<B>, f64);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (a, b, setting) = ops.state;
+        let grad = grads.consume::<B>(&ops.node);
+        let (d_a, d_b) = (self.backward)(a, b, grad, setting);
+        let [a_node, b_node] = ops.parents;
+        if let Some(node) = a_node {
+            grads.register::<B>(node.id, d_a);
+        }
+        if let Some(node) = b_node {
+            grads.register::<B>(node.id, d_b);
+        }
+    }
+}
+
+/// `forward(a, b, setting)` as one autodiff node whose backward pass is
+/// `backward(a, b, grad, setting)`.
+fn from_inputs<B: ModelBackend, C: CheckpointStrategy>(
+    [a, b]: [FloatTensor<Autodiff<B, C>>; 2],
+    setting: f64,
+    forward: TwoInputKernel<B>,
+    backward: TwoInputBackward<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    match (FromInputs { backward })
+        .prepare::<C>([a.node.clone(), b.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let state = (a.primitive.clone(), b.primitive.clone(), setting);
+            prep.finish(state, forward(a.primitive, b.primitive, setting))
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(a.primitive, b.primitive, setting)),
     }
 }
 
@@ -213,6 +239,47 @@ mod tests {
     fn close<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) {
         a.into_data()
             .assert_approx_eq::<f32>(&b.into_data(), Tolerance::absolute(2e-5));
+    }
+
+    /// SwiGLU's kernel gives the bits of burn's `silu(gate) * up`, forward
+    /// and backward (both sides of zero, and where `exp` overflows), so
+    /// models trained before it existed train the same.
+    #[test]
+    fn swiglu_is_burns_silu_times_up_bit_for_bit() {
+        let mut gate = values(4 * 300, 7);
+        gate[..6].copy_from_slice(&[-120.0, -88.5, -0.0, 0.0, 30.0, 95.0]);
+        let gate = || {
+            Tensor::<CpuAutodiff, 2>::from_data(
+                TensorData::new(gate.clone(), [4, 300]),
+                &Default::default(),
+            )
+            .require_grad()
+        };
+        let (g1, g2, u1) = (gate(), gate(), param([4, 300], 8));
+        let u2 =
+            Tensor::<CpuAutodiff, 2>::from_data(u1.to_data(), &Default::default()).require_grad();
+        let weights = param([4, 300], 9).detach();
+        let mine = crate::swiglu(g1.clone(), u1.clone());
+        let theirs = burn::tensor::activation::silu(g2.clone()) * u2.clone();
+        let bits = |t: Tensor<Cpu, 2>| {
+            t.into_data()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
+        let mine = (mine * weights.clone()).sum().backward();
+        let theirs = (theirs * weights).sum().backward();
+        assert_eq!(
+            bits(g1.grad(&mine).unwrap()),
+            bits(g2.grad(&theirs).unwrap())
+        );
+        assert_eq!(
+            bits(u1.grad(&mine).unwrap()),
+            bits(u2.grad(&theirs).unwrap())
+        );
     }
 
     /// Each operation's gradients equal those burn's autodiff derives from

@@ -120,13 +120,60 @@ impl ModelBackend for Flex {
         (tensor(dx, shape), tensor(dgamma, gamma_shape))
     }
 
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (gate, shape) = contiguous(gate);
+        let (up, _) = contiguous(up);
+        let mut out = vec![0.0; gate.len()];
+        for_elements(&mut out, |start, out| {
+            let (gate, up) = (&gate[start..], &up[start..]);
+            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+                *o = g * sigmoid(g) * u;
+            }
+        });
+        tensor(out, shape)
+    }
+
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (gate, shape) = contiguous(gate);
+        let (up, _) = contiguous(up);
+        let (grad, _) = contiguous(grad);
+        let mut d_gate = vec![0.0; gate.len()];
+        let mut d_up = vec![0.0; gate.len()];
+        let backward = |start: usize, d_gate: &mut [f32], d_up: &mut [f32]| {
+            let (gate, up, grad) = (&gate[start..], &up[start..], &grad[start..]);
+            let outputs = d_gate.iter_mut().zip(d_up.iter_mut());
+            for ((((dg, du), &g), &u), &dy) in outputs.zip(gate).zip(up).zip(grad) {
+                // burn's graph of g * sigmoid(g) * u, term by term: the
+                // product rule's two terms for g, the sigmoid's own backward.
+                let s = sigmoid(g);
+                let d_silu = dy * u;
+                *dg = d_silu * s + d_silu * g * s * (1.0 - s);
+                *du = dy * (g * s);
+            }
+        };
+        if d_gate.len() <= ELEMENTS_PER_TASK {
+            backward(0, &mut d_gate, &mut d_up);
+        } else {
+            d_gate
+                .par_chunks_mut(ELEMENTS_PER_TASK)
+                .zip(d_up.par_chunks_mut(ELEMENTS_PER_TASK))
+                .enumerate()
+                .for_each(|(i, (dg, du))| backward(i * ELEMENTS_PER_TASK, dg, du));
+        }
+        (tensor(d_gate, shape.clone()), tensor(d_up, shape))
+    }
+
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = contiguous(x);
         let mut out = vec![0.0; x.len()];
         for_rows(&x, &mut out, last_dim(&shape), |row, out| {
             let max = row_max(row);
             for (o, &v) in out.iter_mut().zip(row) {
-                *o = libm::expf(v - max);
+                *o = exp_or_zero(v - max);
             }
             let total = sum(out);
             for o in out.iter_mut() {
@@ -238,6 +285,43 @@ fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
+/// The logistic function as burn's CPU backend computes it (the C
+/// library's `expf`, one branch per sign), so that [`ModelBackend::swiglu`]
+/// gives the bits of burn's own `silu`.
+fn sigmoid(x: f32) -> f32 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// Elements handled by one rayon task in the element-wise kernels.
+const ELEMENTS_PER_TASK: usize = 1 << 14;
+
+/// `f(start, out_chunk)` over chunks of `out` (`start` is the chunk's first
+/// index), spread over threads when there is more than one chunk.
+fn for_elements(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() <= ELEMENTS_PER_TASK {
+        f(0, out);
+        return;
+    }
+    out.par_chunks_mut(ELEMENTS_PER_TASK)
+        .enumerate()
+        .for_each(|(i, chunk)| f(i * ELEMENTS_PER_TASK, chunk));
+}
+
+/// `libm::expf(x)`, without calling it for `-inf` (masked attention scores,
+/// about half of a causal row), where it returns `+0` too.
+fn exp_or_zero(x: f32) -> f32 {
+    if x == f32::NEG_INFINITY {
+        0.0
+    } else {
+        libm::expf(x)
+    }
+}
+
 fn row_max(row: &[f32]) -> f32 {
     row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
@@ -310,14 +394,39 @@ fn f32_tensor(x: FlexTensor) -> FlexTensor {
     }
 }
 
+/// A tensor's f32 elements in row-major order, read in place from its
+/// storage (copied first only when the tensor was laid out otherwise).
+struct Values {
+    tensor: FlexTensor,
+    start: usize,
+    len: usize,
+}
+
+impl std::ops::Deref for Values {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.tensor.storage::<f32>()[self.start..self.start + self.len]
+    }
+}
+
+impl<'a> IntoIterator for &'a Values {
+    type Item = &'a f32;
+    type IntoIter = std::slice::Iter<'a, f32>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
 /// The tensor's f32 elements in row-major order, and its shape.
-fn contiguous(x: FlexTensor) -> (Vec<f32>, Shape) {
+fn contiguous(x: FlexTensor) -> (Values, Shape) {
     let x = f32_tensor(x);
     let shape = x.shape();
-    let x = x.to_contiguous();
-    let n = shape.num_elements();
-    let start = x.layout().start_offset();
-    (x.storage::<f32>()[start..start + n].to_vec(), shape)
+    let tensor = x.to_contiguous();
+    let start = tensor.layout().start_offset();
+    let len = shape.num_elements();
+    (Values { tensor, start, len }, shape)
 }
 
 fn tensor(values: Vec<f32>, shape: Shape) -> FlexTensor {
@@ -617,6 +726,14 @@ mod tests {
             );
             assert_eq!(&got[batch * 20..(batch + 1) * 20], &want[..]);
         }
+    }
+
+    #[test]
+    fn a_masked_score_gets_the_probability_libm_gives_it() {
+        assert_eq!(libm::expf(f32::NEG_INFINITY).to_bits(), 0.0f32.to_bits());
+        assert_eq!(exp_or_zero(f32::NEG_INFINITY).to_bits(), 0.0f32.to_bits());
+        assert_eq!(exp_or_zero(-1.5).to_bits(), libm::expf(-1.5).to_bits());
+        assert!(exp_or_zero(f32::NAN).is_nan());
     }
 
     #[test]

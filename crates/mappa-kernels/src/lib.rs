@@ -80,6 +80,37 @@ pub trait ModelBackend: Backend {
         )
     }
 
+    /// SwiGLU's gating: `silu(gate) * up`, with burn's `silu(g) = g * sigmoid(g)`
+    /// (finite gradients everywhere), element-wise over tensors of one shape.
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        let gate = float::<Self, 1>(gate);
+        primitive(burn::tensor::activation::silu(gate) * float::<Self, 1>(up))
+    }
+
+    /// The gradients of [`swiglu`](ModelBackend::swiglu) with respect to
+    /// `gate` and `up`, given the output's gradient `grad`: what burn's
+    /// autodiff derives from `silu(gate) * up`, term by term.
+    fn swiglu_backward(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (gate, up, grad) = (
+            float::<Self, 1>(gate),
+            float::<Self, 1>(up),
+            float::<Self, 1>(grad),
+        );
+        let s = burn::tensor::activation::sigmoid(gate.clone());
+        let d_silu = grad.clone() * up;
+        let d_sigmoid = Self::sigmoid_backward(
+            primitive(s.clone()),
+            primitive(d_silu.clone() * gate.clone()),
+        );
+        let d_gate = d_silu * s.clone() + float::<Self, 1>(d_sigmoid);
+        let d_up = grad * (gate * s);
+        (primitive(d_gate), primitive(d_up))
+    }
+
     /// Softmax over the last dimension.
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = rows::<Self>(x);
@@ -182,6 +213,22 @@ pub fn rms_norm<B: ModelBackend, const D: usize>(
     epsilon: f64,
 ) -> Tensor<B, D> {
     float(B::rms_norm(primitive(x), primitive(gamma), epsilon))
+}
+
+/// SwiGLU's gating: `silu(gate) * up`, element-wise.
+///
+/// # Shapes
+/// - `gate`, `up`: the same shape, returned.
+pub fn swiglu<B: ModelBackend, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+) -> Tensor<B, D> {
+    assert_eq!(
+        gate.dims(),
+        up.dims(),
+        "swiglu: gate and up must have the same shape"
+    );
+    float(B::swiglu(primitive(gate), primitive(up)))
 }
 
 /// Softmax over the last dimension.

@@ -12,7 +12,6 @@
 use burn::module::Param;
 use burn::nn::Embedding;
 use burn::prelude::*;
-use burn::tensor::activation::silu;
 
 use crate::cache::KvCache;
 use crate::config::TransformerConfig;
@@ -194,9 +193,10 @@ impl<B: ModelBackend> Mlp<B> {
         let gate = self.gate_proj.forward(x.clone());
         // burn's silu (g * sigmoid(g)) has a finite gradient everywhere; the
         // faster-looking g / (1 + e^-g) gives 0 * inf = NaN in the backward
-        // pass once e^-g overflows (g < -88 in f32).
-        let gate = silu(gate);
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        // pass once e^-g overflows (g < -88 in f32). The kernel computes it
+        // that way, with the gating product, in one pass.
+        let up = self.up_proj.forward(x);
+        self.down_proj.forward(kernels::swiglu(gate, up))
     }
 }
 

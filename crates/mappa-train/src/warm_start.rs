@@ -158,17 +158,33 @@ pub fn ensure<B: AutodiffModelBackend>(
                     let model = initial.get(role).ok_or_else(|| {
                         TrainError::Config(format!("warm_start: no model for {role}"))
                     })?;
-                    tune_role(
-                        warm,
-                        agent,
-                        model,
-                        trajectories,
-                        &out[role],
-                        &mut |epoch, loss| {
-                            bar.set_message(format!("{role}: epoch {} loss {loss:.3}", epoch + 1));
-                            bar.inc(1);
-                        },
-                    )
+                    // The roles are this phase's parallelism. A role's
+                    // kernels run on a one-thread pool of its own rather
+                    // than splitting each small operation over the shared
+                    // pool, which the other roles keep busy (same results:
+                    // threads never split a sum).
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(1)
+                        .build()
+                        .map_err(|e| {
+                            TrainError::Config(format!("warm_start: a thread for {role}: {e}"))
+                        })?;
+                    pool.install(|| {
+                        tune_role(
+                            warm,
+                            agent,
+                            model,
+                            trajectories,
+                            &out[role],
+                            &mut |epoch, loss| {
+                                bar.set_message(format!(
+                                    "{role}: epoch {} loss {loss:.3}",
+                                    epoch + 1
+                                ));
+                                bar.inc(1);
+                            },
+                        )
+                    })
                 })
             })
             .collect();

@@ -3,7 +3,7 @@
 //!
 //! The ruleset is built in the parent, where allocation is safe; the child
 //! only enforces it (`prctl` + `landlock_restrict_self`, both plain system
-//! calls) between fork and exec. Reads are not restricted: Python must load
+//! calls) between clone and exec. Reads are not restricted: Python must load
 //! its standard library and packages from wherever they are installed.
 
 use std::ffi::CString;
@@ -168,7 +168,7 @@ fn add_path_rule(ruleset: &OwnedFd, path: &Path, access: u64) -> io::Result<()> 
 }
 
 /// Enforce `ruleset_fd` on the calling process. Async-signal-safe: called
-/// between fork and exec.
+/// between clone and exec.
 pub(crate) fn restrict_self(ruleset_fd: libc::c_int) -> io::Result<()> {
     // SAFETY: plain system calls on integers.
     unsafe {
