@@ -21,6 +21,9 @@
 //!   long sums add fixed-size blocks in order.
 //! - `exp` and `ln` are the `libm` crate's software routines, not the C
 //!   library's, whose implementation is chosen at run time by CPU feature.
+//!   The exception is SwiGLU's sigmoid, which keeps the C library's `expf`
+//!   so as to give the bits of burn's own `silu` (which models were trained
+//!   with before the kernel existed).
 //!
 //! Rows are spread over rayon's threads; each row is computed by one thread
 //! from start to end, so the thread count changes nothing.

@@ -607,6 +607,9 @@ fn resolve_program(program: &Path, path: &str) -> io::Result<PathBuf> {
         return std::path::absolute(program);
     }
     path.split(':')
+        // Only absolute directories: a relative one would be looked up here
+        // and executed from the run's working directory.
+        .filter(|dir| Path::new(dir).is_absolute())
         .map(|dir| Path::new(dir).join(program))
         .find(|candidate| {
             candidate
@@ -644,9 +647,11 @@ extern "C" fn launch_child(arg: *mut libc::c_void) -> libc::c_int {
             );
             libc::_exit(127)
         };
-        // Handlers the parent installed do not exist after exec, and must not
-        // run here; ignored signals become default again (SIGPIPE, which Rust
-        // ignores), as std::process::Command does.
+        // Handlers the parent installed must not run here, and every signal
+        // the parent ignores (SIGPIPE, which Rust ignores; SIGHUP under
+        // nohup) becomes default again: the program starts with no
+        // disposition inherited from the trainer (std::process::Command
+        // resets only SIGPIPE).
         for signal in 1..=libc::SIGRTMAX() {
             let mut old: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(signal, std::ptr::null(), &mut old) == 0
@@ -688,7 +693,9 @@ extern "C" fn launch_child(arg: *mut libc::c_void) -> libc::c_int {
 /// CLONE_VFORK`): a fork would copy the page tables of this process, which
 /// holds models and optimiser state, only for exec to throw them away; at
 /// thousands of short programs per run that was about a sixth of an RL
-/// run's CPU time (`perf`).
+/// run's CPU time (`perf`). Dropping the uid in the child marks the memory
+/// it shares with the trainer non-dumpable, which the trainer already is
+/// ([`prepare_parent`]).
 fn spawn(
     config: &SandboxConfig,
     dir: &RunDir,
