@@ -130,16 +130,10 @@ fn landlock_abi() -> Option<u32> {
     *ABI.get_or_init(landlock::abi_version)
 }
 
-fn cvt(r: libc::c_int) -> io::Result<()> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-fn cvt_long(r: libc::c_long) -> io::Result<()> {
-    if r < 0 {
+/// A system call's result (an `int` or, from `syscall`, a `long`) as an
+/// `io::Result`: negative is `errno`.
+fn cvt(r: impl Into<libc::c_long>) -> io::Result<()> {
+    if r.into() < 0 {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
@@ -317,13 +311,13 @@ impl ChildPlan {
                 // Raw system calls: glibc's wrappers would also change the
                 // credentials of every thread they know of, which in a child
                 // sharing the parent's memory are the parent's threads.
-                cvt_long(libc::syscall(
+                cvt(libc::syscall(
                     libc::SYS_setgroups,
                     0,
                     std::ptr::null::<libc::gid_t>(),
                 ))?;
-                cvt_long(libc::syscall(libc::SYS_setgid, uid))?;
-                cvt_long(libc::syscall(libc::SYS_setuid, uid))?;
+                cvt(libc::syscall(libc::SYS_setgid, uid))?;
+                cvt(libc::syscall(libc::SYS_setuid, uid))?;
             }
             if let Some(fd) = self.landlock_fd {
                 landlock::restrict_self(fd)?;
@@ -417,7 +411,7 @@ pub(super) fn run(
     // `_ruleset` owns the Landlock descriptor that `plan` names by number: it
     // stays open until this function returns, long after the child applied it.
     let (plan, isolation, _ruleset) = plan_child(config, &dir.path, root, uid)?;
-    let (child, start) = spawn(config, &dir, plan)?;
+    let (child, start) = spawn(config, &dir, plan).map_err(SandboxError::Spawn)?;
     let pid = child.pid;
     let (rx_out, rx_err) = read_outputs(child.stdout, child.stderr, limits.max_output_bytes);
 
@@ -696,19 +690,7 @@ extern "C" fn launch_child(arg: *mut libc::c_void) -> libc::c_int {
 /// run's CPU time (`perf`). Dropping the uid in the child marks the memory
 /// it shares with the trainer non-dumpable, which the trainer already is
 /// ([`prepare_parent`]).
-fn spawn(
-    config: &SandboxConfig,
-    dir: &RunDir,
-    plan: ChildPlan,
-) -> Result<(Spawned, Instant), SandboxError> {
-    spawn_with(config, dir, plan).map_err(SandboxError::Spawn)
-}
-
-fn spawn_with(
-    config: &SandboxConfig,
-    dir: &RunDir,
-    plan: ChildPlan,
-) -> io::Result<(Spawned, Instant)> {
+fn spawn(config: &SandboxConfig, dir: &RunDir, plan: ChildPlan) -> io::Result<(Spawned, Instant)> {
     let env = environment(&config.python, &dir.path, &dir.tmp);
     let path = env
         .iter()
