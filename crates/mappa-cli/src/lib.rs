@@ -21,6 +21,7 @@
 pub mod ablate;
 pub mod coach;
 pub mod grade;
+pub mod model;
 pub mod plot;
 pub mod report;
 pub mod reproduce;
@@ -63,6 +64,10 @@ pub enum Command {
     /// Run Python programs in the agents' sandbox.
     #[command(subcommand)]
     Sandbox(sandbox::SandboxCommand),
+    /// Convert a GGUF model (llama.cpp's format) into a HF checkpoint directory.
+    Convert(model::ConvertArgs),
+    /// Chat with a checkpoint: one prompt, or interactively on standard input.
+    Chat(model::ChatArgs),
 }
 
 /// Run one parsed command line.
@@ -77,5 +82,7 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect(args) => report::inspect(&args),
         Command::Coach(command) => coach::run(&command),
         Command::Sandbox(command) => sandbox::run(&command),
+        Command::Convert(args) => model::convert(&args),
+        Command::Chat(args) => model::chat(&args),
     }
 }

@@ -43,6 +43,14 @@ pub enum ModelError {
         /// What went wrong.
         message: String,
     },
+    /// A GGUF file is malformed, truncated, or holds something mappa cannot convert.
+    #[error("GGUF `{}`: {message}", file.display())]
+    Gguf {
+        /// The GGUF file.
+        file: PathBuf,
+        /// What is wrong, naming the metadata key or tensor where there is one.
+        message: String,
+    },
     /// A request to the model is inconsistent (bad shapes, empty batch, ids out of range).
     #[error("invalid input: {0}")]
     Input(String),
@@ -82,6 +90,14 @@ impl ModelError {
     pub fn tokenizer(file: Option<&Path>, message: impl Into<String>) -> Self {
         Self::Tokenizer {
             file: file.map(Path::to_path_buf),
+            message: message.into(),
+        }
+    }
+
+    /// A GGUF error in `file`.
+    pub fn gguf(file: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Self::Gguf {
+            file: file.into(),
             message: message.into(),
         }
     }

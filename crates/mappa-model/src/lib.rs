@@ -4,6 +4,9 @@
 //! ([`config`]). Around it:
 //! - [`weights`]: HF safetensors checkpoints in and out (single or sharded,
 //!   f32/f16/bf16), under HF tensor names;
+//! - [`gguf`]: llama.cpp's GGUF files read natively (metadata, tokenizer,
+//!   chat template, tensors dequantised from F32/F16/BF16/Q8_0/Q4_0/Q4_1/
+//!   Q5_0/Q4_K/Q6_K) and converted into HF checkpoint directories;
 //! - [`tokenizer`] and [`chat`]: `tokenizer.json` and the chat template of
 //!   `tokenizer_config.json`;
 //! - [`generate`](mod@generate) with [`sampling`]: batched KV-cache generation returning the
@@ -50,6 +53,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod logprobs;
 pub mod model;
 pub mod norm;

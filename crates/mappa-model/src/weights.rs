@@ -555,6 +555,16 @@ pub fn to_safetensors_bytes<B: Backend>(
     model: &Transformer<B>,
     dtype: StorageDtype,
 ) -> Result<Vec<u8>> {
+    tensors_to_safetensors_bytes(hf_tensors(model), dtype)
+}
+
+/// Serialises named tensors (HF name, shape, row-major values) as one
+/// safetensors file (bytes) stored as `dtype`, with the `format: pt`
+/// metadata transformers expects.
+pub fn tensors_to_safetensors_bytes(
+    tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    dtype: StorageDtype,
+) -> Result<Vec<u8>> {
     struct Raw {
         dtype: safetensors::Dtype,
         shape: Vec<usize>,
@@ -580,7 +590,7 @@ pub fn to_safetensors_bytes<B: Backend>(
         StorageDtype::Bf16 => safetensors::Dtype::BF16,
     };
     debug_assert_eq!(dtype.safetensors_name(), format!("{st_dtype:?}"));
-    let raws: Vec<(String, Raw)> = hf_tensors(model)
+    let raws: Vec<(String, Raw)> = tensors
         .into_iter()
         .map(|(name, shape, values)| {
             let bytes = dtype.encode(&values);
