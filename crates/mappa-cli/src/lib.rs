@@ -26,6 +26,7 @@ pub mod plot;
 pub mod report;
 pub mod reproduce;
 pub mod run;
+pub mod run_report;
 pub mod rundir;
 pub mod sandbox;
 pub mod study;

@@ -224,5 +224,10 @@ pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
         progress: true,
         ..Default::default()
     };
-    execute(&manifest, &run_dir, &options)
+    execute(&manifest, &run_dir, &options)?;
+    let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
+    let last = workflow.agents.last().map_or("", |a| a.role.as_str());
+    let report = crate::run_report::write(&run_dir, last)?;
+    println!("{}", report.display());
+    Ok(())
 }

@@ -53,6 +53,14 @@ const ROWS_PER_TASK: usize = 16;
 const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
 
 impl ModelBackend for Flex {
+    fn write_slice(
+        tensor: FloatTensor<Self>,
+        ranges: &[std::ops::Range<usize>],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        write_slice(tensor, ranges, value)
+    }
+
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         matmul(&f32_tensor(lhs), &f32_tensor(rhs))
     }
@@ -388,6 +396,59 @@ fn last_dim(shape: &Shape) -> usize {
     shape.last().copied().unwrap_or(1)
 }
 
+/// `tensor[ranges] = value` written into `tensor`'s own buffer when it is a
+/// whole, contiguous f32 buffer that nothing else shares; otherwise (or for
+/// ranges that do not fit) burn's `slice_assign`, which copies it.
+fn write_slice(
+    mut tensor: FlexTensor,
+    ranges: &[std::ops::Range<usize>],
+    value: FlexTensor,
+) -> FlexTensor {
+    let shape = tensor.shape();
+    let value_shape = value.shape();
+    let fits = ranges.len() == shape.len()
+        && ranges.len() == value_shape.len()
+        && ranges
+            .iter()
+            .zip(shape.iter())
+            .zip(value_shape.iter())
+            .all(|((r, &n), &v)| r.start <= r.end && r.end <= n && r.end - r.start == v);
+    let whole = tensor.dtype() == DType::F32
+        && tensor.is_contiguous()
+        && tensor.layout().start_offset() == 0
+        && tensor.storage::<f32>().len() == shape.num_elements();
+    if fits && whole && !ranges.is_empty() && value_shape.num_elements() > 0 {
+        let (values, _) = contiguous(value.clone());
+        if let Some(dst) = tensor.try_storage_mut::<f32>() {
+            let rank = shape.len();
+            let run = value_shape[rank - 1];
+            // Row-major strides of the destination.
+            let mut strides = vec![1usize; rank];
+            for d in (0..rank - 1).rev() {
+                strides[d] = strides[d + 1] * shape[d + 1];
+            }
+            let mut index = vec![0usize; rank - 1];
+            for chunk in values.chunks_exact(run) {
+                let offset: usize = (0..rank - 1)
+                    .map(|d| (ranges[d].start + index[d]) * strides[d])
+                    .sum::<usize>()
+                    + ranges[rank - 1].start;
+                dst[offset..offset + run].copy_from_slice(chunk);
+                for d in (0..rank - 1).rev() {
+                    index[d] += 1;
+                    if index[d] < value_shape[d] {
+                        break;
+                    }
+                    index[d] = 0;
+                }
+            }
+            return tensor;
+        }
+    }
+    let slices: Vec<burn::tensor::Slice> = ranges.iter().cloned().map(Into::into).collect();
+    Flex::float_slice_assign(tensor, &slices, value)
+}
+
 /// The tensor in f32 (flex's float tensors may also be f16 or bf16).
 fn f32_tensor(x: FlexTensor) -> FlexTensor {
     if x.dtype() == DType::F32 {
@@ -602,6 +663,38 @@ mod tests {
             .iter()
             .map(|v| v.to_bits())
             .collect()
+    }
+
+    #[test]
+    fn write_slice_equals_slice_assign_and_reuses_an_unshared_buffer() {
+        let device = Default::default();
+        let (base, value) = (seeded(&[2, 3, 5, 4], 1), seeded(&[2, 2, 1, 4], 2));
+        let ranges = [0..2, 1..3, 3..4, 0..4];
+        let expected = t(base.clone(), [2, 3, 5, 4])
+            .slice_assign(ranges.clone(), t(value.clone(), [2, 2, 1, 4]));
+
+        // Unshared: written in place, the same buffer comes back.
+        let target = t(base.clone(), [2, 3, 5, 4]);
+        let before = target.clone().into_primitive().tensor();
+        let address = before.storage::<f32>().as_ptr();
+        drop(before);
+        let written = crate::write_slice(target, ranges.clone(), t(value.clone(), [2, 2, 1, 4]));
+        let after = written.clone().into_primitive().tensor();
+        assert_eq!(
+            after.storage::<f32>().as_ptr(),
+            address,
+            "the buffer was copied"
+        );
+        drop(after);
+        assert_eq!(bits(written), bits(expected.clone()));
+
+        // Shared: the other holder keeps its values.
+        let target =
+            Tensor::<B, 4>::from_data(TensorData::new(base.clone(), [2, 3, 5, 4]), &device);
+        let other = target.clone();
+        let written = crate::write_slice(target, ranges, t(value, [2, 2, 1, 4]));
+        assert_eq!(bits(written), bits(expected));
+        assert_eq!(bits(other), bits(t(base, [2, 3, 5, 4])));
     }
 
     /// Which of gemm's kernels (x86-64 with FMA, gemm 0.19) reduces a product

@@ -151,6 +151,31 @@ pub trait ModelBackend: Backend {
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_sum(x)
     }
+
+    /// `tensor[ranges] = value` (burn's `slice_assign`, one range per
+    /// dimension), reusing `tensor`'s buffer when nothing else holds it: a
+    /// KV cache appends a column without copying the whole cache.
+    fn write_slice(
+        tensor: FloatTensor<Self>,
+        ranges: &[std::ops::Range<usize>],
+        value: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let slices: Vec<burn::tensor::Slice> = ranges.iter().cloned().map(Into::into).collect();
+        Self::float_slice_assign(tensor, &slices, value)
+    }
+}
+
+/// `tensor[ranges] = value`, in place when `tensor` is the only owner of its
+/// buffer ([`ModelBackend::write_slice`]).
+///
+/// # Shapes
+/// - `value`: the lengths of `ranges`; returns `tensor`'s shape.
+pub fn write_slice<B: ModelBackend, const D: usize>(
+    tensor: Tensor<B, D>,
+    ranges: [std::ops::Range<usize>; D],
+    value: Tensor<B, D>,
+) -> Tensor<B, D> {
+    float(B::write_slice(primitive(tensor), &ranges, primitive(value)))
 }
 
 /// A training backend: automatic differentiation over a [`ModelBackend`],

@@ -5,6 +5,7 @@
 //! writes its new columns in place and attends over the filled prefix.
 
 use burn::prelude::*;
+use mappa_kernels as kernels;
 
 /// Cached keys and values of one layer.
 #[derive(Debug)]
@@ -14,7 +15,7 @@ pub struct LayerCache<B: Backend> {
     len: usize,
 }
 
-impl<B: Backend> LayerCache<B> {
+impl<B: kernels::ModelBackend> LayerCache<B> {
     /// Writes the new keys and values after the cached ones and returns the
     /// keys and values of all columns so far.
     ///
@@ -30,12 +31,14 @@ impl<B: Backend> LayerCache<B> {
             "KV cache overflow: {end} columns needed, capacity {capacity}"
         );
         let span = [0..b, 0..h, self.len..end, 0..d];
-        // `slice_assign` consumes the tensor: swap in a placeholder so the
-        // backend can write in place when it holds the only reference.
+        // The write consumes the tensor: swap in a placeholder so that the
+        // backend can write in place, holding the only reference (burn's
+        // `slice_assign` on the CPU backend copies the whole buffer anyway,
+        // hence `kernels::write_slice`).
         let keys = std::mem::replace(&mut self.keys, Tensor::empty([0, 0, 0, 0], &k.device()));
         let values = std::mem::replace(&mut self.values, Tensor::empty([0, 0, 0, 0], &v.device()));
-        self.keys = keys.slice_assign(span.clone(), k);
-        self.values = values.slice_assign(span, v);
+        self.keys = kernels::write_slice(keys, span.clone(), k);
+        self.values = kernels::write_slice(values, span, v);
         self.len = end;
         let filled = [0..b, 0..h, 0..end, 0..d];
         (

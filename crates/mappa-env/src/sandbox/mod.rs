@@ -314,6 +314,8 @@ pub struct Sandbox {
     config: SandboxConfig,
     busy: Mutex<usize>,
     freed: Condvar,
+    /// Wall time spent in [`Sandbox::run_all`] so far.
+    batch_time: Mutex<std::time::Duration>,
 }
 
 impl Sandbox {
@@ -332,6 +334,7 @@ impl Sandbox {
             config,
             busy: Mutex::new(0),
             freed: Condvar::new(),
+            batch_time: Mutex::new(std::time::Duration::ZERO),
         })
     }
 
@@ -362,9 +365,18 @@ impl Sandbox {
         &self,
         jobs: &[(&Path, Option<&str>)],
     ) -> Vec<Option<Result<RunResult, SandboxError>>> {
-        mappa_core::par::map_bounded(jobs, self.config.max_workers, |(dir, code)| {
+        let start = std::time::Instant::now();
+        let results = mappa_core::par::map_bounded(jobs, self.config.max_workers, |(dir, code)| {
             code.map(|code| self.run(dir, code))
-        })
+        });
+        *self.batch_time.lock().unwrap_or_else(|e| e.into_inner()) += start.elapsed();
+        results
+    }
+
+    /// Wall time spent in [`Sandbox::run_all`] since the sandbox was made:
+    /// how long callers waited for batches of programs.
+    pub fn batch_time(&self) -> std::time::Duration {
+        *self.batch_time.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn acquire(&self) -> WorkerSlot<'_> {

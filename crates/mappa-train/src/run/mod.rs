@@ -13,6 +13,7 @@
 
 mod runner;
 mod stages;
+pub mod timing;
 
 use std::path::{Path, PathBuf};
 
@@ -71,6 +72,10 @@ impl RunDir {
     /// The latest checkpoint.
     pub fn checkpoint(&self) -> PathBuf {
         self.root.join("checkpoints").join("latest")
+    }
+    /// `timing.jsonl`: one [`timing::TimingLine`] per evaluation and step.
+    pub fn timing(&self) -> PathBuf {
+        self.root.join("timing.jsonl")
     }
     /// Scratch space for rollouts.
     pub fn work(&self) -> PathBuf {
@@ -159,7 +164,7 @@ where
         Some(dir) => load_checkpoint(dir, &mut runner.learners)?.step,
         None => 0,
     };
-    let mut line = runner.evaluate(step)?;
+    let (mut line, _) = runner.evaluate(step)?;
     line.checkpoint = checkpoint.map(|c| c.display().to_string());
     append_jsonl(
         &out_dir.join("eval.jsonl"),
@@ -239,9 +244,10 @@ where
     let bar = progress_bar(manifest, stop, state.step, options.progress);
     for step in state.step..stop {
         if eval_due(step) {
-            let line = runner.evaluate(step)?;
+            let (line, timing) = runner.evaluate(step)?;
             bar.set_message(format!("held-out accuracy {:.3}", line.accuracy));
             append_jsonl(&runner.dir.metrics(), &[MetricsLine::Eval(line)])?;
+            append_jsonl(&runner.dir.timing(), &[timing])?;
         }
         let batch: Vec<TaskInput> = (0..per_step)
             .map(|i| {
@@ -250,9 +256,10 @@ where
                 runner.tasks.train[order[cursor % n]].clone()
             })
             .collect();
-        let (metrics, rows) = runner.train_step(step, &batch)?;
+        let (metrics, rows, timing) = runner.train_step(step, &batch)?;
         append_jsonl(&runner.dir.trajectories(), &rows)?;
         append_jsonl(&runner.dir.metrics(), &[MetricsLine::Train(metrics)])?;
+        append_jsonl(&runner.dir.timing(), &[timing])?;
         state.step = step + 1;
         state.dataset_cursor += per_step as u64;
         bar.inc(1);
@@ -263,8 +270,9 @@ where
     }
     bar.finish_and_clear();
     let final_eval = if stop == total && has_eval {
-        let line = runner.evaluate(total)?;
+        let (line, timing) = runner.evaluate(total)?;
         append_jsonl(&runner.dir.metrics(), &[MetricsLine::Eval(line.clone())])?;
+        append_jsonl(&runner.dir.timing(), &[timing])?;
         Some(line)
     } else {
         None

@@ -14,6 +14,7 @@
 //! 7. [`record`]: the step's [`TrainLine`] and [`TrajectoryLine`]s.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use mappa_agents::{action_contexts, ActionRecord, TaskInput, Trajectory, Workflow};
 use mappa_env::tabular::FairSummary;
@@ -22,6 +23,7 @@ use mappa_model::AutodiffModelBackend;
 
 use super::remove_work;
 use super::runner::Runner;
+use super::timing::{seconds, TimingLine};
 use crate::learner::{StepMetrics, TrainSample};
 use crate::records::{
     ActionLine, EvalLine, TrainLine, TrajectoryLine, UniformOutcome, SCHEMA_VERSION,
@@ -279,7 +281,9 @@ where
     mappa_model::Transformer<B::InnerBackend>: Send,
 {
     /// Evaluate the current weights on the held-out tasks.
-    pub(super) fn evaluate(&self, step: usize) -> Result<EvalLine, TrainError> {
+    pub(super) fn evaluate(&self, step: usize) -> Result<(EvalLine, TimingLine), TrainError> {
+        let start = Instant::now();
+        let sandbox_before = self.sandbox.batch_time();
         let e = &self.manifest.eval;
         let (trajectories, work) = self.rollout(
             &self.tasks.eval,
@@ -288,9 +292,18 @@ where
             &format!("eval/step-{step}"),
             &mut |_, _| {},
         )?;
+        let rollout_s = seconds(start.elapsed());
         let line = eval_line(step, &self.workflow, &self.tasks, &trajectories)?;
         remove_work(&work)?;
-        Ok(line)
+        let timing = TimingLine {
+            phase: "eval".into(),
+            step,
+            wall_s: seconds(start.elapsed()),
+            rollout_s,
+            sandbox_s: seconds(self.sandbox.batch_time() - sandbox_before),
+            ..TimingLine::default()
+        };
+        Ok((line, timing))
     }
 
     /// One training step on `batch`: the stages in order.
@@ -298,15 +311,35 @@ where
         &mut self,
         step: usize,
         batch: &[TaskInput],
-    ) -> Result<(TrainLine, Vec<TrajectoryLine>), TrainError> {
-        let (trajectories, work, mut scores) = self.rollout_coaching_early(step, batch)?;
+    ) -> Result<(TrainLine, Vec<TrajectoryLine>, TimingLine), TrainError> {
+        let start = Instant::now();
+        let sandbox_before = self.sandbox.batch_time();
+        let (trajectories, work, mut scores, coach_early) =
+            self.rollout_coaching_early(step, batch)?;
+        let rollout_s = seconds(start.elapsed());
+        let sandbox_s = seconds(self.sandbox.batch_time() - sandbox_before);
         let graded = self.grade(batch, &trajectories)?;
         remove_work(&work)?;
+        let coaching = Instant::now();
         self.coach_last(batch, &trajectories, &graded, &mut scores)?;
+        let coach_last_s = seconds(coaching.elapsed());
+        let updating = Instant::now();
         let mut scored = assemble(trajectories, graded, scores)?;
         let samples = self.assign_credit(&mut scored)?;
         let agents = self.update(&samples)?;
-        Ok(record(step, &self.workflow, &scored, agents))
+        let update_s = seconds(updating.elapsed());
+        let (line, rows) = record(step, &self.workflow, &scored, agents);
+        let timing = TimingLine {
+            phase: "train".into(),
+            step,
+            wall_s: seconds(start.elapsed()),
+            rollout_s,
+            sandbox_s,
+            coach_s: seconds(coach_early) + coach_last_s,
+            coach_last_s,
+            update_s,
+        };
+        Ok((line, rows, timing))
     }
 
     fn coach(&self) -> Result<&dyn Coach, TrainError> {
@@ -318,12 +351,12 @@ where
     /// Stage 1: roll out `batch`; every agent but the last is coached while
     /// the next one generates (the last agent's coach may need the graded
     /// outcome). Returns the trajectories, their working directory (to
-    /// remove once graded) and the early scores.
+    /// remove once graded), the early scores and the time spent scoring them.
     fn rollout_coaching_early(
         &self,
         step: usize,
         batch: &[TaskInput],
-    ) -> Result<(Vec<Trajectory>, std::path::PathBuf, ScoresByAgent), TrainError> {
+    ) -> Result<(Vec<Trajectory>, std::path::PathBuf, ScoresByAgent, Duration), TrainError> {
         let coach = self.coach()?;
         let r = &self.manifest.rollout;
         let samples = r.samples_per_prompt;
@@ -332,8 +365,9 @@ where
         let (sender, receiver) =
             std::sync::mpsc::channel::<(usize, Vec<(usize, Vec<ActionRecord>)>)>();
         let (rolled, early) = std::thread::scope(|s| {
-            let scorer = s.spawn(move || -> Result<ScoresByAgent, TrainError> {
+            let scorer = s.spawn(move || -> Result<(ScoresByAgent, Duration), TrainError> {
                 let mut scored = BTreeMap::new();
+                let mut busy = Duration::ZERO;
                 for (agent, done) in receiver {
                     let mut contexts = Vec::new();
                     let mut owners = Vec::new();
@@ -342,9 +376,11 @@ where
                         contexts.extend(action_contexts(workflow, task, i % samples, actions));
                         owners.push(((*i, agent), actions.len()));
                     }
+                    let start = Instant::now();
                     score_owned(coach, &contexts, owners, &mut scored)?;
+                    busy += start.elapsed();
                 }
-                Ok(scored)
+                Ok((scored, busy))
             });
             let rolled = self.rollout(
                 batch,
@@ -361,7 +397,8 @@ where
             (rolled, scorer.join().expect("the coaching thread"))
         });
         let (trajectories, work) = rolled?;
-        Ok((trajectories, work, early?))
+        let (early, busy) = early?;
+        Ok((trajectories, work, early, busy))
     }
 
     /// Stage 2: grade every trajectory.

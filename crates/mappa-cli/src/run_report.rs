@@ -1,0 +1,245 @@
+//! The report of one run (`report.md` in its directory), written by
+//! `mappa reproduce` for experiments that are a single run: held-out
+//! accuracy before and after, what the coach said (how often its replies
+//! parsed, its agreement with the graded outcome on the last agent, its
+//! scores per role), and where the time went.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use mappa_train::records::{read_jsonl, MetricsLine, TrajectoryLine};
+use mappa_train::run::timing::TimingLine;
+
+/// A score at or above this is the coach calling an action right (the
+/// middle of the 0-10 scale).
+pub const RIGHT_AT: f64 = 5.0;
+
+/// How a coach's verdicts on one role's actions compare with the outcome.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Agreement {
+    /// Right by the coach, and the trajectory succeeded.
+    right_succeeded: usize,
+    /// Right by the coach, but the trajectory failed.
+    right_failed: usize,
+    /// Wrong by the coach, but the trajectory succeeded.
+    wrong_succeeded: usize,
+    /// Wrong by the coach, and the trajectory failed.
+    wrong_failed: usize,
+}
+
+impl Agreement {
+    fn total(&self) -> usize {
+        self.right_succeeded + self.right_failed + self.wrong_succeeded + self.wrong_failed
+    }
+
+    fn rate(&self) -> Option<f64> {
+        let n = self.total();
+        (n > 0).then(|| (self.right_succeeded + self.wrong_failed) as f64 / n as f64)
+    }
+}
+
+/// Per role: coached actions, those whose reply parsed, the score histogram
+/// (rounded to integers 0-10, parsed replies only), the score sum.
+#[derive(Debug, Default, Clone)]
+struct RoleScores {
+    actions: usize,
+    parsed: usize,
+    histogram: [usize; 11],
+    sum: f64,
+}
+
+/// Writes `run_dir/report.md` and returns its path. `last_role` is the
+/// workflow's last agent, whose coach sees the graded outcome.
+pub fn write(run_dir: &Path, last_role: &str) -> anyhow::Result<PathBuf> {
+    let metrics: Vec<MetricsLine> = read_jsonl(&run_dir.join("metrics.jsonl"))?;
+    let trajectories: Vec<TrajectoryLine> = read_jsonl(&run_dir.join("trajectories.jsonl"))?;
+    let timing_path = run_dir.join("timing.jsonl");
+    let timing: Vec<TimingLine> = if timing_path.exists() {
+        read_jsonl(&timing_path)?
+    } else {
+        Vec::new()
+    };
+    let text = render(run_dir, last_role, &metrics, &trajectories, &timing);
+    let path = run_dir.join("report.md");
+    mappa_core::fs::write_atomic(&path, text.as_bytes())?;
+    Ok(path)
+}
+
+fn render(
+    run_dir: &Path,
+    last_role: &str,
+    metrics: &[MetricsLine],
+    trajectories: &[TrajectoryLine],
+    timing: &[TimingLine],
+) -> String {
+    let mut md = format!("# Run `{}`\n\n", run_dir.display());
+    let evals: Vec<_> = metrics.iter().filter_map(MetricsLine::as_eval).collect();
+    md.push_str("## Held-out accuracy\n\n| step | accuracy | trajectories |\n|---|---|---|\n");
+    for e in &evals {
+        let _ = writeln!(
+            md,
+            "| {} | {:.3} | {} |",
+            e.step, e.accuracy, e.trajectories
+        );
+    }
+    if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
+        let _ = writeln!(
+            md,
+            "\nBase {:.1}% -> final {:.1}% (step {}).",
+            100.0 * first.accuracy,
+            100.0 * last.accuracy,
+            last.step
+        );
+    }
+
+    let mut roles: BTreeMap<&str, RoleScores> = BTreeMap::new();
+    let mut agreement = Agreement::default();
+    for t in trajectories {
+        let succeeded = t.outcome >= 1.0;
+        for a in &t.actions {
+            let r = roles.entry(a.role.as_str()).or_default();
+            r.actions += 1;
+            if a.coach_fallback {
+                continue;
+            }
+            r.parsed += 1;
+            r.sum += a.score;
+            r.histogram[a.score.round().clamp(0.0, 10.0) as usize] += 1;
+            if a.role == last_role {
+                let right = a.score >= RIGHT_AT;
+                match (right, succeeded) {
+                    (true, true) => agreement.right_succeeded += 1,
+                    (true, false) => agreement.right_failed += 1,
+                    (false, true) => agreement.wrong_succeeded += 1,
+                    (false, false) => agreement.wrong_failed += 1,
+                }
+            }
+        }
+    }
+    let mut fallbacks: BTreeMap<String, usize> = BTreeMap::new();
+    for line in metrics.iter().filter_map(MetricsLine::as_train) {
+        for (reason, n) in &line.coach_fallbacks {
+            *fallbacks.entry(reason.clone()).or_default() += n;
+        }
+    }
+    md.push_str("\n## The coach\n\n");
+    let (actions, parsed) = roles
+        .values()
+        .fold((0, 0), |(a, p), r| (a + r.actions, p + r.parsed));
+    let _ = writeln!(
+        md,
+        "Replies that parsed to a score: {parsed} of {actions} coached actions ({}). Fallbacks by reason: {}.\n",
+        percent(parsed, actions),
+        if fallbacks.values().all(|&n| n == 0) {
+            "none".to_string()
+        } else {
+            fallbacks
+                .iter()
+                .filter(|(_, &n)| n > 0)
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    md.push_str("| role | actions | parsed | mean score (parsed) | scores 0 1 2 3 4 5 6 7 8 9 10 |\n|---|---|---|---|---|\n");
+    for (role, r) in &roles {
+        let hist: Vec<String> = r.histogram.iter().map(usize::to_string).collect();
+        let _ = writeln!(
+            md,
+            "| {role} | {} | {} | {} | {} |",
+            r.actions,
+            percent(r.parsed, r.actions),
+            if r.parsed > 0 {
+                format!("{:.2}", r.sum / r.parsed as f64)
+            } else {
+                "-".into()
+            },
+            hist.join(" ")
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nAgreement with the graded outcome on the last agent ({last_role}; the coach's verdict is \"right\" at a score of {RIGHT_AT} or more; parsed replies only): {} of {} ({}). Right and succeeded {}, right but failed {}, wrong but succeeded {}, wrong and failed {}.",
+        agreement.right_succeeded + agreement.wrong_failed,
+        agreement.total(),
+        agreement.rate().map_or("-".into(), |r| format!("{:.1}%", 100.0 * r)),
+        agreement.right_succeeded,
+        agreement.right_failed,
+        agreement.wrong_succeeded,
+        agreement.wrong_failed
+    );
+
+    md.push_str("\n## Where the time went\n\n");
+    if timing.is_empty() {
+        md.push_str("No `timing.jsonl` in this run.\n");
+    } else {
+        let sum = |phase: &str, f: &dyn Fn(&TimingLine) -> f64| -> f64 {
+            timing.iter().filter(|t| t.phase == phase).map(f).sum()
+        };
+        let train_wall = sum("train", &|t| t.wall_s);
+        let eval_wall = sum("eval", &|t| t.wall_s);
+        let total = train_wall + eval_wall;
+        let rows = [
+            ("evaluation (all of it)", eval_wall),
+            (
+                "training: generation (rollout minus sandbox)",
+                sum("train", &|t| t.rollout_s - t.sandbox_s),
+            ),
+            (
+                "training: sandbox (programs)",
+                sum("train", &|t| t.sandbox_s),
+            ),
+            (
+                "training: coach of the last agent (alone)",
+                sum("train", &|t| t.coach_last_s),
+            ),
+            (
+                "training: credit and updates",
+                sum("train", &|t| t.update_s),
+            ),
+        ];
+        md.push_str("| phase | seconds | share |\n|---|---|---|\n");
+        for (name, s) in rows {
+            let _ = writeln!(
+                md,
+                "| {name} | {s:.0} | {:.0}% |",
+                100.0 * s / total.max(1e-9)
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| total (evaluations and steps) | {total:.0} | 100% |\n\nThe coach also scored the agents before the last while the rollout went on ({:.0} s inside coach calls in all, overlapping generation). Steps: {}; evaluations: {}.",
+            sum("train", &|t| t.coach_s),
+            timing.iter().filter(|t| t.phase == "train").count(),
+            timing.iter().filter(|t| t.phase == "eval").count()
+        );
+    }
+    md
+}
+
+fn percent(part: usize, whole: usize) -> String {
+    if whole == 0 {
+        "-".into()
+    } else {
+        format!("{:.1}%", 100.0 * part as f64 / whole as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agreement_counts_both_kinds_of_error() {
+        let a = Agreement {
+            right_succeeded: 3,
+            right_failed: 1,
+            wrong_succeeded: 2,
+            wrong_failed: 4,
+        };
+        assert_eq!(a.total(), 10);
+        assert_eq!(a.rate(), Some(0.7));
+        assert_eq!(Agreement::default().rate(), None);
+    }
+}
