@@ -16,9 +16,11 @@
 //! - [`Tier::Counting`]: integers in `[1, N]` divisible by `p` or `q`, or
 //!   `C(n, k) <= 999`.
 //!
-//! A fifth tier, [`Tier::SmallArithmetic`] (`(a op b) op c` with operands up
-//! to 20), is not in the mix: it is for the smallest models, whose copying of
-//! long numbers is what fails first.
+//! Two more tiers are not in the mix: [`Tier::SmallArithmetic`] (`(a op b)
+//! op c` with operands up to 20), for the smallest models, whose copying of
+//! long numbers is what fails first; and [`Tier::OneStep`] (`a op b` in plain
+//! words, no TeX), for small pretrained models that cannot yet chain two
+//! operations.
 //!
 //! Problem `i` of tier `t` under `seed` is drawn from the stream
 //! `SeedTree::new(seed).stream("math_tasks/{t}/{i}")`. A candidate whose
@@ -53,6 +55,9 @@ pub enum Tier {
     /// Chained arithmetic on small numbers: `(a op b) op c`, operands 2 to 20
     /// (multipliers 2 to 9). Not in [`Tier::ALL`].
     SmallArithmetic,
+    /// One operation in plain words: `What is a + b?`, `a - b`, `a times b`,
+    /// operands 2 to 20 (multipliers 2 to 9). Not in [`Tier::ALL`].
+    OneStep,
 }
 
 impl Tier {
@@ -72,6 +77,7 @@ impl Tier {
             Tier::DigitSum => "digit_sum",
             Tier::Counting => "counting",
             Tier::SmallArithmetic => "small_arithmetic",
+            Tier::OneStep => "one_step",
         }
     }
 }
@@ -194,6 +200,7 @@ fn draft(tier: Tier, s: &mut RngStream) -> Draft {
     match (tier, first_form) {
         (Tier::Arithmetic, _) => arithmetic(s, false),
         (Tier::SmallArithmetic, _) => arithmetic(s, true),
+        (Tier::OneStep, _) => one_step(s),
         (Tier::Modular, true) => modular_power(s),
         (Tier::Modular, false) => modular_linear(s),
         (Tier::DigitSum, true) => digit_sum_product(s),
@@ -247,6 +254,35 @@ impl Op {
             Op::Sub => x - y,
             Op::Mul => x * y,
         }
+    }
+}
+
+/// `a op b` in words (`What is 12 + 7?`), redrawn until the result is
+/// non-negative; operands 2 to 20, multipliers 2 to 9.
+fn one_step(s: &mut RngStream) -> Draft {
+    const OPS: [Op; 3] = [Op::Add, Op::Sub, Op::Mul];
+    loop {
+        let op = OPS[s.below(3) as usize];
+        let a = range(s, 2, 20) as i64;
+        let b = match op {
+            Op::Mul => range(s, 2, 9),
+            _ => range(s, 2, 20),
+        } as i64;
+        let r = op.apply(a, b);
+        if r < 0 {
+            continue;
+        }
+        let word = match op {
+            Op::Add => "+",
+            Op::Sub => "-",
+            Op::Mul => "times",
+        };
+        return Draft {
+            statement: format!("What is {a} {word} {b}?"),
+            answer: to_answer(r as u64),
+            steps: vec![format!("${a} {} {b} = {r}$.", op.tex())],
+            program: format!("print({a} {} {b})", op.python()),
+        };
     }
 }
 
@@ -490,6 +526,24 @@ mod tests {
             let json = serde_json::to_string(&tier).unwrap();
             assert_eq!(json, format!("\"{tier}\""));
             assert_eq!(serde_json::from_str::<Tier>(&json).unwrap(), tier);
+        }
+    }
+
+    #[test]
+    fn one_step_is_one_plain_operation_with_its_answer() {
+        let problems = generate(Tier::OneStep, 200, 9);
+        assert_eq!(problems[0].id, "one_step-9-0");
+        for p in &problems {
+            assert!(p.statement().starts_with("What is ") && !p.statement().contains('$'));
+            let e = p.expression();
+            let t: Vec<&str> = e.split(' ').collect();
+            let (a, b): (i64, i64) = (t[0].parse().unwrap(), t[2].parse().unwrap());
+            let r = match t[1] {
+                "+" => a + b,
+                "-" => a - b,
+                _ => a * b,
+            };
+            assert_eq!(r, i64::from(p.answer), "{e}");
         }
     }
 

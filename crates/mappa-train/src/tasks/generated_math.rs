@@ -43,10 +43,19 @@ pub struct GeneratedMath {
     /// Which tiers to draw from, cycled (default: all).
     #[serde(default)]
     pub tiers: Option<Vec<Tier>>,
+    /// Grade an unboxed final answer too (the text after the last "the
+    /// answer is", else the last number), for small models that rarely write
+    /// `\boxed{}`. Off by default: the paper grades the boxed answer.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub answer_fallbacks: bool,
 }
 
 fn yes() -> bool {
     true
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// What a scripted coach checks actions against.
@@ -137,7 +146,9 @@ impl TaskFamily for GeneratedMath {
         Ok(TaskSet {
             train: tasks(&train),
             eval: tasks(&eval),
-            grader: Box::new(AnswerGrader),
+            grader: Box::new(AnswerGrader {
+                fallbacks: self.answer_fallbacks,
+            }),
         })
     }
 

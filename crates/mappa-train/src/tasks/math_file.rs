@@ -102,7 +102,7 @@ impl TaskFamily for MathFile {
                 .enumerate()
                 .map(|(i, p)| task(i, p))
                 .collect(),
-            grader: Box::new(AnswerGrader),
+            grader: Box::new(AnswerGrader { fallbacks: false }),
         })
     }
 

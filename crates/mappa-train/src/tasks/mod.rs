@@ -146,8 +146,13 @@ pub(crate) fn expect_roles(
     )))
 }
 
-/// Grades a final answer against the task's reference answer.
-pub(crate) struct AnswerGrader;
+/// Grades a final answer against the task's reference answer: the last
+/// `\boxed{}` of the final output, or with `fallbacks` also an unboxed
+/// answer (the text after the last "the answer is", else the last number).
+pub(crate) struct AnswerGrader {
+    /// Accept unboxed answers.
+    pub fallbacks: bool,
+}
 
 impl Grader for AnswerGrader {
     fn grade(
@@ -158,7 +163,7 @@ impl Grader for AnswerGrader {
     ) -> Result<Graded, TrainError> {
         let correct = match (&task.ground_truth, &trajectory.final_output) {
             (Some(gold), Some(output)) => {
-                mappa_env::math::grade_response(gold, output, false).correct
+                mappa_env::math::grade_response(gold, output, self.fallbacks).correct
             }
             _ => false,
         };
