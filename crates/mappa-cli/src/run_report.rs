@@ -230,6 +230,88 @@ fn percent(part: usize, whole: usize) -> String {
 mod tests {
     use super::*;
 
+    fn action(role: &str, score: f64, fallback: bool) -> serde_json::Value {
+        serde_json::json!({
+            "role": role, "turn": 0, "text": "", "truncated": false, "score": score,
+            "rationale": "", "coach_fallback": fallback, "reward": 0.0, "advantage_mean": 0.0
+        })
+    }
+
+    fn trajectory(outcome: f64, actions: Vec<serde_json::Value>) -> TrajectoryLine {
+        serde_json::from_value(serde_json::json!({
+            "step": 0, "task_id": "t", "sample": 0, "outcome": outcome, "actions": actions
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_report_counts_parses_agreement_and_time() {
+        let metrics: Vec<MetricsLine> = [
+            r#"{"kind":"eval","step":0,"accuracy":0.25,"trajectories":4}"#,
+            r#"{"kind":"train","step":0,"train_accuracy":0.5,"coach_mean_score":{},"coach_fallbacks":{"format":1,"request-failed":0},"tool_call_rate":null,"agents":[]}"#,
+            r#"{"kind":"eval","step":1,"accuracy":0.5,"trajectories":4}"#,
+        ]
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+        let trajectories = [
+            trajectory(
+                1.0,
+                vec![action("solver", 7.0, false), action("verifier", 8.0, false)],
+            ),
+            trajectory(
+                0.0,
+                vec![action("solver", 5.0, true), action("verifier", 6.0, false)],
+            ),
+            trajectory(
+                0.0,
+                vec![action("solver", 3.0, false), action("verifier", 5.0, true)],
+            ),
+        ];
+        let timing = [
+            TimingLine {
+                phase: "eval".into(),
+                wall_s: 10.0,
+                ..TimingLine::default()
+            },
+            TimingLine {
+                phase: "train".into(),
+                wall_s: 30.0,
+                rollout_s: 12.0,
+                sandbox_s: 2.0,
+                coach_s: 9.0,
+                coach_last_s: 4.0,
+                update_s: 14.0,
+                ..TimingLine::default()
+            },
+        ];
+        let md = render(Path::new("r"), "verifier", &metrics, &trajectories, &timing);
+        assert!(md.contains("Base 25.0% -> final 50.0% (step 1)."), "{md}");
+        assert!(
+            md.contains(
+                "parsed to a score: 4 of 6 coached actions (66.7%). Fallbacks by reason: format 1."
+            ),
+            "{md}"
+        );
+        // Verifier: 8 on a success (agrees), 6 on a failure (a "right" verdict that disagrees).
+        assert!(
+            md.contains("1 of 2 (50.0%). Right and succeeded 1, right but failed 1"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| solver | 3 | 66.7% | 5.00 | 0 0 0 1 0 0 0 1 0 0 0 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| training: generation (rollout minus sandbox) | 10 | 25% |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| total (evaluations and steps) | 40 | 100% |"),
+            "{md}"
+        );
+    }
+
     #[test]
     fn agreement_counts_both_kinds_of_error() {
         let a = Agreement {
