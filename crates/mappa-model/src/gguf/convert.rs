@@ -165,19 +165,7 @@ fn llama_config(gguf: &GgufFile) -> Result<TransformerConfig> {
         Some(_) => f32_decimal(gguf.get_float(&key("rope.freq_base"))?),
     };
     let eps = f32_decimal(gguf.get_float(&key("attention.layer_norm_rms_epsilon"))?);
-    let special = |k: &str| -> Result<Option<u32>> {
-        let full = format!("tokenizer.ggml.{k}");
-        if !gguf.metadata().contains_key(&full) {
-            return Ok(None);
-        }
-        let id = gguf.get_uint(&full)?;
-        match u32::try_from(id) {
-            Ok(id) if (id as usize) < tokens => Ok(Some(id)),
-            _ => Err(gguf.error(format!(
-                "metadata `{full}` is {id}, not one of the {tokens} tokens"
-            ))),
-        }
-    };
+    let special = |k: &str| special_id(gguf, k, tokens);
     let rope = RopeConfig {
         theta,
         llama3_scaling: None,
@@ -201,6 +189,22 @@ fn llama_config(gguf: &GgufFile) -> Result<TransformerConfig> {
         config = config.with_eos_token_ids(vec![eos]);
     }
     Ok(config)
+}
+
+/// The special token id `tokenizer.ggml.{key}`, checked to be one of the
+/// `tokens` tokens; `None` when the file does not name one.
+fn special_id(gguf: &GgufFile, key: &str, tokens: usize) -> Result<Option<u32>> {
+    let full = format!("tokenizer.ggml.{key}");
+    if !gguf.metadata().contains_key(&full) {
+        return Ok(None);
+    }
+    let id = gguf.get_uint(&full)?;
+    match u32::try_from(id) {
+        Ok(id) if (id as usize) < tokens => Ok(Some(id)),
+        _ => Err(gguf.error(format!(
+            "metadata `{full}` is {id}, not one of the {tokens} tokens"
+        ))),
+    }
 }
 
 /// The shortest decimal of an f32 metadata value, as f64 (`9.9999997e-6`
@@ -417,15 +421,10 @@ fn tokenizer_json(gguf: &GgufFile) -> Result<Value> {
         }
     }
     let post_processor = if gguf.get_bool_or("tokenizer.ggml.add_bos_token", false)? {
-        let bos_id = gguf.get_uint("tokenizer.ggml.bos_token_id")?;
-        let bos = usize::try_from(bos_id)
-            .ok()
-            .and_then(|i| tokens.get(i))
-            .ok_or_else(|| {
-                gguf.error(format!(
-                    "metadata `tokenizer.ggml.bos_token_id` is {bos_id}, not a token"
-                ))
-            })?;
+        let bos_id = special_id(gguf, "bos_token_id", tokens.len())?.ok_or_else(|| {
+            gguf.error("metadata `tokenizer.ggml.add_bos_token` is set but `tokenizer.ggml.bos_token_id` is missing")
+        })?;
+        let bos = tokens[bos_id as usize];
         let mut special = serde_json::Map::new();
         special.insert(
             bos.to_string(),
@@ -474,19 +473,8 @@ fn tokenizer_config_json(gguf: &GgufFile, config: &TransformerConfig) -> Result<
         ("pad_token", "padding_token_id"),
         ("unk_token", "unknown_token_id"),
     ] {
-        let full = format!("tokenizer.ggml.{key}");
-        if gguf.metadata().contains_key(&full) {
-            let id = gguf.get_uint(&full)?;
-            let token = usize::try_from(id)
-                .ok()
-                .and_then(|i| tokens.get(i))
-                .ok_or_else(|| {
-                    gguf.error(format!(
-                        "metadata `{full}` is {id}, not one of the {} tokens",
-                        tokens.len()
-                    ))
-                })?;
-            out[field] = (*token).into();
+        if let Some(id) = special_id(gguf, key, tokens.len())? {
+            out[field] = tokens[id as usize].into();
         }
     }
     if gguf.metadata().contains_key("tokenizer.chat_template") {
