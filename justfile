@@ -112,12 +112,21 @@ hf-roundtrip: setup-torch
 bench-kernels *ARGS:
     cargo bench -p mappa-benches --bench kernels --locked -- {{ARGS}}
 
-# Same workloads in burn and PyTorch (CPU, 2 threads, eager) and the burn/PyTorch ratios.
-bench-vs-torch *ARGS: setup-torch
+# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8, BENCH_RUNS (default 3) runs each side, alternating; medians, ranges and ratios (about 25 minutes).
+bench-vs-torch *ARGS: setup-torch models
+    #!/usr/bin/env bash
+    set -euo pipefail
     mkdir -p target/bench
-    cargo run --release --locked -p mappa-benches --bin bench_json -- --out target/bench/burn.json {{ARGS}} > /dev/null
-    {{python}} benches/torch_bench.py --threads 2 --out target/bench/torch.json {{ARGS}}
-    {{python}} benches/compare.py target/bench/burn.json target/bench/torch.json
+    cargo build --release --locked -p mappa-benches --bin bench_json
+    runs="${BENCH_RUNS:-3}"
+    burn=() torch=()
+    for i in $(seq 1 "$runs"); do
+        echo "== run $i of $runs: burn, then PyTorch"
+        target/release/bench_json --out "target/bench/burn-$i.json" {{ARGS}} > /dev/null
+        {{python}} benches/torch_bench.py --threads 2 --out "target/bench/torch-$i.json" {{ARGS}}
+        burn+=("target/bench/burn-$i.json") torch+=("target/bench/torch-$i.json")
+    done
+    (IFS=,; {{python}} benches/compare.py "${burn[*]}" "${torch[*]}")
 
 # burn's CPU backends side by side: flex (the default) against ndarray.
 bench-backends *ARGS:

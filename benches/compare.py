@@ -1,23 +1,29 @@
 #!/usr/bin/env python3
-"""Compare two benchmark result files: burn against the PyTorch reference
+"""Compare benchmark results: burn against the PyTorch reference
 (`just bench-vs-torch`), or one burn backend against another
 (`just bench-backends`).
 
 Usage:
   python benches/compare.py A.json B.json
+  python benches/compare.py A1.json,A2.json,A3.json B1.json,B2.json,B3.json
 
-Both files hold a JSON list of records with (at least) the keys
-"impl", "config", "workload", "tokens_per_s" (the schema written by
-benches/torch_bench.py). Rows are matched on (config, workload) and printed to
-stdout as a markdown table with the throughput ratio A/B (> 1 means A is
-faster); the columns are named after each file's "impl" field. Rows appear in
-the order of A.json.
+Each side is one results file, or several comma-separated files from repeated
+runs (run i of A alternated with run i of B, so paired runs saw the same
+machine state). Every file holds a JSON list of records with (at least) the
+keys "impl", "config", "workload", "tokens_per_s" (the schema written by
+benches/torch_bench.py). Rows are matched on (config, workload) and printed
+to stdout as a markdown table: each side's median throughput over its runs
+with the range (min-max), and the ratio A/B (> 1 means A is faster) as the
+median of the per-run ratios with their range. The columns are named after
+each file's "impl" field. Rows appear in the order of A's first file.
 
 Exits with an error (and prints no table) if a (config, workload) pair is
-present on only one side, or if a file is malformed.
+missing from any file, if the sides have different numbers of runs, or if a
+file is malformed.
 """
 
 import json
+import statistics
 import sys
 
 REQUIRED_KEYS = ("config", "workload", "tokens_per_s")
@@ -51,41 +57,74 @@ def load(path: str) -> dict:
     return rows
 
 
+def load_runs(arg: str) -> list:
+    """The runs of one side: one file, or comma-separated files with the same rows."""
+    paths = [p for p in arg.split(",") if p]
+    if not paths:
+        die(f"no results file in {arg!r}")
+    runs = [(p, load(p)) for p in paths]
+    first_path, first = runs[0]
+    for path, rows in runs[1:]:
+        if set(rows) != set(first):
+            diff = sorted(set(rows) ^ set(first))
+            die(f"{path} and {first_path} hold different (config, workload) pairs: {diff}")
+    return runs
+
+
 def fmt_tps(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
 
 
+def spread(values: list, fmt) -> str:
+    """The median, and the range when there is more than one value."""
+    text = fmt(statistics.median(values))
+    if len(values) > 1:
+        text += f" ({fmt(min(values))}-{fmt(max(values))})"
+    return text
+
+
 def main() -> None:
     if len(sys.argv) != 3:
-        die("usage: python benches/compare.py A.json B.json")
-    rust_path, torch_path = sys.argv[1], sys.argv[2]
-    rust, torch = load(rust_path), load(torch_path)
+        die("usage: python benches/compare.py A.json[,A2.json...] B.json[,B2.json...]")
+    a_runs, b_runs = load_runs(sys.argv[1]), load_runs(sys.argv[2])
+    if len(a_runs) != len(b_runs):
+        die(f"{len(a_runs)} runs of A but {len(b_runs)} of B: the runs are compared in pairs")
+    a_path, a = a_runs[0]
+    b_path, b = b_runs[0]
 
-    only_rust = [k for k in rust if k not in torch]
-    only_torch = [k for k in torch if k not in rust]
-    if only_rust or only_torch:
-        lines = [f"  config={c} workload={w}: missing in {torch_path}" for c, w in only_rust]
-        lines += [f"  config={c} workload={w}: missing in {rust_path}" for c, w in only_torch]
+    only_a = [k for k in a if k not in b]
+    only_b = [k for k in b if k not in a]
+    if only_a or only_b:
+        lines = [f"  config={c} workload={w}: missing in {b_path}" for c, w in only_a]
+        lines += [f"  config={c} workload={w}: missing in {a_path}" for c, w in only_b]
         die("(config, workload) pairs present on only one side:\n" + "\n".join(lines))
 
     # Non-fatal sanity checks: a parameter-count or thread-count mismatch usually
     # means the two sides did not run the same thing.
-    for key, r in rust.items():
-        t = torch[key]
+    for key, r in a.items():
+        t = b[key]
         for field in ("params", "threads", "tokens_per_iter"):
             if field in r and field in t and r[field] != t[field]:
                 print(f"compare.py: warning: config={key[0]} workload={key[1]}: "
                       f"{field} differs ({r[field]} vs {t[field]})", file=sys.stderr)
 
-    name_a = next(iter(rust.values())).get("impl", rust_path)
-    name_b = next(iter(torch.values())).get("impl", torch_path)
+    name_a = next(iter(a.values())).get("impl", a_path)
+    name_b = next(iter(b.values())).get("impl", b_path)
+    runs = len(a_runs)
+    if runs > 1:
+        print(f"{runs} runs each, alternating; median (min-max) over the runs, "
+              f"the ratio per pair of runs.\n")
     print(f"| config | workload | {name_a} tok/s | {name_b} tok/s | {name_a}/{name_b} |")
     print("|---|---|---:|---:|---:|")
-    for key, r in rust.items():
-        t = torch[key]
-        b, p = float(r["tokens_per_s"]), float(t["tokens_per_s"])
-        ratio = f"{b / p:.2f}x" if p > 0 else "n/a"
-        print(f"| {key[0]} | {key[1]} | {fmt_tps(b)} | {fmt_tps(p)} | {ratio} |")
+    for key in a:
+        a_tps = [float(rows[key]["tokens_per_s"]) for _, rows in a_runs]
+        b_tps = [float(rows[key]["tokens_per_s"]) for _, rows in b_runs]
+        if any(x <= 0 for x in b_tps):
+            ratio = "n/a"
+        else:
+            ratio = spread([x / y for x, y in zip(a_tps, b_tps)], lambda r: f"{r:.2f}x")
+        print(f"| {key[0]} | {key[1]} | {spread(a_tps, fmt_tps)} | "
+              f"{spread(b_tps, fmt_tps)} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -2,22 +2,24 @@
 """PyTorch / HF-transformers CPU reference benchmark for the Rust-vs-PyTorch comparison.
 
 Builds randomly initialised Qwen3ForCausalLM models (float32, eager attention, no
-torch.compile) for the same two configs the Rust benchmark uses and times three
-workloads on CPU:
+torch.compile) for the same two configs the Rust benchmark uses (1m, 25m; batch 8),
+and loads the real SmolLM2-135M-Instruct that `just models` converted (smol-b1 and
+smol-b8: batch 1 and 8), and times three workloads on CPU:
 
-  forward     batch 8 x seq 128, full logits, no KV cache      tokens/iter = 8*128
-  train_step  batch 8 x seq 128, forward+CE loss, backward,
-              Adam step, zero_grad                              tokens/iter = 8*128
-  generate    batch 8 prompts x 16 tokens, greedy decoding of
-              exactly 64 new tokens with the KV cache           tokens/iter = 8*64
+  forward     batch B x seq 128, full logits, no KV cache      tokens/iter = B*128
+  train_step  batch B x seq 128, forward+CE loss, backward,
+              Adam step, zero_grad                              tokens/iter = B*128
+  generate    batch B prompts x 16 tokens, greedy decoding of
+              exactly 64 new tokens with the KV cache           tokens/iter = B*64
 
 Each workload runs `warmup` untimed iterations followed by `iters` timed ones
 (time.perf_counter); we report the median iteration time and
 tokens/s = tokens_per_iter / median_s.
 
 Usage:
-  .venv/bin/python benches/torch_bench.py [--threads 2] [--configs 1m,25m]
-      [--out results.json] [--quick] [--warmup N] [--iters N]
+  .venv/bin/python benches/torch_bench.py [--threads 2] [--configs 1m,25m,smol-b1,smol-b8]
+      [--smol-dir models/SmolLM2-135M-Instruct] [--out results.json] [--quick]
+      [--warmup N] [--iters N]
 
 The JSON written by --out is a list of records (one per config x workload) with
 the schema consumed by benches/compare.py. A readable summary goes to stderr.
@@ -31,7 +33,7 @@ import time
 
 import torch
 import transformers
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 # Model configs. These MUST match the Rust side exactly.
 CONFIGS = {
@@ -68,9 +70,12 @@ COMMON = dict(
     use_sliding_window=False,
 )
 
+# The real model at two batch sizes (loaded from --smol-dir).
+SMOL_BATCHES = {"smol-b1": 1, "smol-b8": 8}
+
 WORKLOADS = ("forward", "train_step", "generate")
 
-# Workload shapes.
+# Workload shapes (the random-weight configs run at batch 8).
 BATCH = 8
 SEQ = 128
 PROMPT_LEN = 16
@@ -80,6 +85,7 @@ NEW_TOKENS = 64
 DEFAULT_REPS = {
     "1m": {"forward": (2, 10), "train_step": (2, 10), "generate": (1, 5)},
     "25m": {"forward": (1, 5), "train_step": (1, 4), "generate": (1, 3)},
+    "smol": {"forward": (1, 3), "train_step": (1, 3), "generate": (1, 3)},
 }
 QUICK_REPS = (1, 2)
 
@@ -88,14 +94,19 @@ MODEL_SEED = 0
 DATA_SEED = 1234
 
 
-def build_model(name: str) -> Qwen3ForCausalLM:
+def build_model(name: str, smol_dir: str):
     """Random-init float32 Qwen3 model with eager attention (seeded, so every
-    workload starts from identical weights)."""
-    config = Qwen3Config(**CONFIGS[name], **COMMON, use_cache=True)
-    torch.manual_seed(MODEL_SEED)
-    model = Qwen3ForCausalLM._from_config(
-        config, attn_implementation="eager", dtype=torch.float32
-    )
+    workload starts from identical weights), or the real model from smol_dir."""
+    if name in SMOL_BATCHES:
+        model = AutoModelForCausalLM.from_pretrained(
+            smol_dir, attn_implementation="eager", dtype=torch.float32
+        )
+    else:
+        config = Qwen3Config(**CONFIGS[name], **COMMON, use_cache=True)
+        torch.manual_seed(MODEL_SEED)
+        model = Qwen3ForCausalLM._from_config(
+            config, attn_implementation="eager", dtype=torch.float32
+        )
     # No EOS: generation must always produce exactly NEW_TOKENS tokens. In
     # transformers 5 passing eos_token_id=None to generate() does not override
     # the generation config, so clear it on the model itself.
@@ -127,21 +138,21 @@ def time_loop(step, warmup: int, iters: int) -> list:
     return times
 
 
-def bench_forward(model, vocab_size, warmup, iters):
+def bench_forward(model, vocab_size, batch, warmup, iters):
     model.eval()
-    input_ids = random_ids(vocab_size, BATCH, SEQ)
+    input_ids = random_ids(vocab_size, batch, SEQ)
 
     def step():
         with torch.no_grad():
             logits = model(input_ids, use_cache=False).logits
-        assert logits.shape == (BATCH, SEQ, vocab_size)
+        assert logits.shape == (batch, SEQ, vocab_size)
 
-    return BATCH * SEQ, time_loop(step, warmup, iters)
+    return batch * SEQ, time_loop(step, warmup, iters)
 
 
-def bench_train_step(model, vocab_size, warmup, iters):
+def bench_train_step(model, vocab_size, batch, warmup, iters):
     model.train()  # dropout is 0.0, so this only flips the module flag
-    input_ids = random_ids(vocab_size, BATCH, SEQ)
+    input_ids = random_ids(vocab_size, batch, SEQ)
     opt = torch.optim.Adam(
         model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0
     )
@@ -154,12 +165,12 @@ def bench_train_step(model, vocab_size, warmup, iters):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return BATCH * SEQ, time_loop(step, warmup, iters)
+    return batch * SEQ, time_loop(step, warmup, iters)
 
 
-def bench_generate(model, vocab_size, warmup, iters):
+def bench_generate(model, vocab_size, batch, warmup, iters):
     model.eval()
-    input_ids = random_ids(vocab_size, BATCH, PROMPT_LEN)
+    input_ids = random_ids(vocab_size, batch, PROMPT_LEN)
     attention_mask = torch.ones_like(input_ids)
 
     def step():
@@ -172,9 +183,9 @@ def bench_generate(model, vocab_size, warmup, iters):
             use_cache=True,
             pad_token_id=0,
         )
-        assert out.shape == (BATCH, PROMPT_LEN + NEW_TOKENS), out.shape
+        assert out.shape == (batch, PROMPT_LEN + NEW_TOKENS), out.shape
 
-    return BATCH * NEW_TOKENS, time_loop(step, warmup, iters)
+    return batch * NEW_TOKENS, time_loop(step, warmup, iters)
 
 
 BENCHES = {
@@ -187,7 +198,10 @@ BENCHES = {
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
-    p.add_argument("--configs", default="1m,25m", help="comma-separated: 1m,25m")
+    p.add_argument("--configs", default="1m,25m,smol-b1,smol-b8",
+                   help="comma-separated: 1m,25m,smol-b1,smol-b8")
+    p.add_argument("--smol-dir", default="models/SmolLM2-135M-Instruct",
+                   help="the real model (`just models` installs it)")
     p.add_argument("--out", help="write JSON results to this file")
     p.add_argument("--quick", action="store_true",
                    help=f"warmup {QUICK_REPS[0]}, iters {QUICK_REPS[1]} everywhere (smoke test)")
@@ -195,9 +209,10 @@ def parse_args():
     p.add_argument("--iters", type=int, help="override timed iterations for all workloads")
     args = p.parse_args()
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = [c for c in args.configs if c not in CONFIGS]
+    known = list(CONFIGS) + list(SMOL_BATCHES)
+    unknown = [c for c in args.configs if c not in known]
     if unknown:
-        p.error(f"unknown config(s) {unknown}; choose from {sorted(CONFIGS)}")
+        p.error(f"unknown config(s) {unknown}; choose from {known}")
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be >= 1")
     if args.warmup is not None and args.warmup < 0:
@@ -221,10 +236,11 @@ def main():
     results = []
     t_start = time.perf_counter()
     for cfg in args.configs:
-        vocab_size = CONFIGS[cfg]["vocab_size"]
+        batch = SMOL_BATCHES.get(cfg, BATCH)
+        reps = DEFAULT_REPS["smol" if cfg in SMOL_BATCHES else cfg]
         params = None
         for workload in WORKLOADS:
-            warmup, iters = QUICK_REPS if args.quick else DEFAULT_REPS[cfg][workload]
+            warmup, iters = QUICK_REPS if args.quick else reps[workload]
             if args.warmup is not None:
                 warmup = args.warmup
             if args.iters is not None:
@@ -232,12 +248,13 @@ def main():
 
             # Fresh, identically seeded model per workload so that training
             # does not perturb the weights used by the other workloads.
-            model = build_model(cfg)
+            model = build_model(cfg, args.smol_dir)
+            vocab_size = model.config.vocab_size
             if params is None:
                 params = count_params(model)
                 log(f"[{cfg}] params: {params:,}")
 
-            tokens, times = BENCHES[workload](model, vocab_size, warmup, iters)
+            tokens, times = BENCHES[workload](model, vocab_size, batch, warmup, iters)
             median = statistics.median(times)
             rec = {
                 "impl": "pytorch",

@@ -2,10 +2,11 @@
 //! (`benches/model.rs`) and the JSON timing runner (`bench_json`) that
 //! `just bench-vs-torch` compares with PyTorch (`torch_bench.py`).
 //!
-//! Two Qwen3-shaped configs (about 1M and 26M parameters, tied embeddings)
-//! and three workloads: a full forward pass, a training step (forward,
-//! next-token cross-entropy, backward, Adam), and greedy KV-cache generation.
-//! Shapes and hyper-parameters match `torch_bench.py` exactly.
+//! Two Qwen3-shaped configs (about 1M and 26M parameters, tied embeddings),
+//! the real SmolLM2-135M-Instruct (from `just models`) at batch 1 and 8, and
+//! three workloads: a full forward pass, a training step (forward, next-token
+//! cross-entropy, backward, Adam), and greedy KV-cache generation. Shapes and
+//! hyper-parameters match `torch_bench.py` exactly.
 
 #![warn(missing_docs)]
 
@@ -21,7 +22,7 @@ use mappa_model::{
     TransformerConfig,
 };
 
-/// Batch size of every workload.
+/// Batch size of every workload of the random-weight sizes.
 pub const BATCH: usize = 8;
 /// Sequence length of the forward and training workloads.
 pub const SEQ: usize = 128;
@@ -74,6 +75,62 @@ impl Size {
     }
 }
 
+/// Where `just models` installs the real model, from the workspace root.
+pub const SMOL_DIR: &str = "models/SmolLM2-135M-Instruct";
+
+/// A configuration `bench_json` times: a random-weight size at batch
+/// [`BATCH`], or the real model at a given batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchConfig {
+    /// A random-weight Qwen3-shaped model.
+    Sized(Size),
+    /// SmolLM2-135M-Instruct loaded from [`SMOL_DIR`], with this batch size.
+    Smol {
+        /// Sequences per forward pass, training step and generation.
+        batch: usize,
+    },
+}
+
+impl BenchConfig {
+    /// Every configuration, in report order.
+    pub const ALL: [BenchConfig; 4] = [
+        BenchConfig::Sized(Size::M1),
+        BenchConfig::Sized(Size::M25),
+        BenchConfig::Smol { batch: 1 },
+        BenchConfig::Smol { batch: 8 },
+    ];
+
+    /// The name in reports and on the command line (`1m`, `25m`, `smol-b1`, `smol-b8`).
+    pub fn name(self) -> String {
+        match self {
+            BenchConfig::Sized(size) => size.name().to_string(),
+            BenchConfig::Smol { batch } => format!("smol-b{batch}"),
+        }
+    }
+
+    /// Sequences per workload.
+    pub fn batch(self) -> usize {
+        match self {
+            BenchConfig::Sized(_) => BATCH,
+            BenchConfig::Smol { batch } => batch,
+        }
+    }
+}
+
+impl std::str::FromStr for BenchConfig {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        BenchConfig::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<String> = BenchConfig::ALL.iter().map(|c| c.name()).collect();
+                format!("unknown config {s:?}; expected one of {}", names.join(", "))
+            })
+    }
+}
+
 /// Token ids `[rows, cols]` drawn uniformly from the vocabulary with a fixed seed.
 pub fn random_tokens(vocab: usize, rows: usize, cols: usize, seed: u64) -> Vec<Vec<u32>> {
     let mut rng = RngStream::from_u64(seed);
@@ -109,15 +166,17 @@ pub struct Trainer<B: AutodiffModelBackend> {
 impl<B: AutodiffModelBackend> Trainer<B> {
     /// A trainer for a freshly initialised model of `config`.
     pub fn new(config: &TransformerConfig, device: &B::Device) -> Self {
+        Self::from_model(config.init(0, device))
+    }
+
+    /// A trainer for `model` (e.g. a loaded checkpoint).
+    pub fn from_model(model: Transformer<B>) -> Self {
         let optim = AdamConfig::new()
             .with_beta_1(0.9)
             .with_beta_2(0.95)
             .with_epsilon(1e-8)
             .init();
-        Self {
-            model: config.init(0, device),
-            optim,
-        }
+        Self { model, optim }
     }
 
     /// One step of next-token training on `tokens`; returns the loss.

@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use mappa_benches::*;
-use mappa_model::AutodiffModelBackend;
+use mappa_model::weights::load_transformer;
+use mappa_model::{AutodiffModelBackend, Transformer};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -15,12 +16,16 @@ struct Args {
     /// Backend to run on: flex, or ndarray / cuda / wgpu when built with that feature.
     #[arg(long, default_value = "flex")]
     backend: String,
-    /// Model sizes, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values = ["1m", "25m"])]
-    configs: Vec<Size>,
+    /// Configurations, comma-separated: 1m, 25m (random weights, batch 8),
+    /// smol-b1, smol-b8 (SmolLM2-135M-Instruct from `--smol-dir`).
+    #[arg(long, value_delimiter = ',', default_values = ["1m", "25m", "smol-b1", "smol-b8"])]
+    configs: Vec<BenchConfig>,
     /// Workloads to run, comma-separated (forward, train_step, generate).
     #[arg(long, value_delimiter = ',', default_values = ["forward", "train_step", "generate"])]
     workloads: Vec<String>,
+    /// The real model's directory (`just models` installs it).
+    #[arg(long, default_value = SMOL_DIR)]
+    smol_dir: std::path::PathBuf,
     /// Few repetitions, for a smoke test.
     #[arg(long)]
     quick: bool,
@@ -29,17 +34,18 @@ struct Args {
     out: Option<std::path::PathBuf>,
 }
 
-/// (warm-up, timed) iterations per workload and size, as in torch_bench.py.
-fn iterations(size: Size, workload: &str, quick: bool) -> (usize, usize) {
+/// (warm-up, timed) iterations per configuration and workload, as in torch_bench.py.
+fn iterations(config: BenchConfig, workload: &str, quick: bool) -> (usize, usize) {
     if quick {
         return (1, 2);
     }
-    match (size, workload) {
-        (Size::M1, "forward") | (Size::M1, "train_step") => (2, 10),
-        (Size::M1, _) => (1, 5),
-        (Size::M25, "forward") => (1, 5),
-        (Size::M25, "train_step") => (1, 4),
-        (Size::M25, _) => (1, 3),
+    match (config, workload) {
+        (BenchConfig::Sized(Size::M1), "forward" | "train_step") => (2, 10),
+        (BenchConfig::Sized(Size::M1), _) => (1, 5),
+        (BenchConfig::Sized(Size::M25), "forward") => (1, 5),
+        (BenchConfig::Sized(Size::M25), "train_step") => (1, 4),
+        (BenchConfig::Sized(Size::M25), _) => (1, 3),
+        (BenchConfig::Smol { .. }, _) => (1, 3),
     }
 }
 
@@ -61,38 +67,71 @@ fn median_seconds(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
+/// The inference model and the trainer of `config`: random weights, or the
+/// real model loaded twice (the trainer's copy changes as it trains).
+fn models<B: AutodiffModelBackend>(
+    config: BenchConfig,
+    smol_dir: &std::path::Path,
+    device: &B::Device,
+) -> (Transformer<B::InnerBackend>, Trainer<B>) {
+    match config {
+        BenchConfig::Sized(size) => {
+            let config = size.config();
+            (
+                config.init::<B::InnerBackend>(0, device),
+                Trainer::<B>::new(&config, device),
+            )
+        }
+        BenchConfig::Smol { .. } => {
+            let model = load_transformer::<B::InnerBackend>(smol_dir, device)
+                .unwrap_or_else(|e| no_real_model(smol_dir, e));
+            let trained = load_transformer::<B>(smol_dir, device)
+                .unwrap_or_else(|e| no_real_model(smol_dir, e));
+            (model, Trainer::from_model(trained))
+        }
+    }
+}
+
+fn no_real_model(dir: &std::path::Path, e: mappa_model::ModelError) -> ! {
+    eprintln!(
+        "{}: {e}\n(the smol-* configurations need the real model: run `just models`)",
+        dir.display()
+    );
+    std::process::exit(1);
+}
+
 fn run<B: AutodiffModelBackend>(
     name: &str,
     args: &Args,
     device: &B::Device,
 ) -> Vec<serde_json::Value> {
     let mut rows = Vec::new();
-    for &size in &args.configs {
-        let config = size.config();
-        let model = config.init::<B::InnerBackend>(0, device);
-        let ids = random_tokens(config.vocab_size, BATCH, SEQ, 1);
+    for &bench in &args.configs {
+        let (model, mut trainer) = models::<B>(bench, &args.smol_dir, device);
+        let config = model.config().clone();
+        let batch = bench.batch();
+        let ids = random_tokens(config.vocab_size, batch, SEQ, 1);
         let tokens = to_tensor::<B::InnerBackend>(&ids, device);
-        let mut trainer = Trainer::<B>::new(&config, device);
         let train_tokens = to_tensor::<B>(&ids, device);
-        let prompts = random_tokens(config.vocab_size, BATCH, PROMPT, 2);
+        let prompts = random_tokens(config.vocab_size, batch, PROMPT, 2);
         let workloads: [Workload<'_>; 3] = [
             (
                 "forward",
-                BATCH * SEQ,
+                batch * SEQ,
                 Box::new(|| {
                     forward(&model, &tokens);
                 }),
             ),
             (
                 "train_step",
-                BATCH * SEQ,
+                batch * SEQ,
                 Box::new(|| {
                     trainer.step(&train_tokens);
                 }),
             ),
             (
                 "generate",
-                BATCH * NEW_TOKENS,
+                batch * NEW_TOKENS,
                 Box::new(|| {
                     generate_greedy(&model, &prompts);
                 }),
@@ -102,11 +141,11 @@ fn run<B: AutodiffModelBackend>(
             if !args.workloads.iter().any(|w| w == workload) {
                 continue;
             }
-            let (warmup, iters) = iterations(size, workload, args.quick);
+            let (warmup, iters) = iterations(bench, workload, args.quick);
             let median = median_seconds(warmup, iters, f);
             let row = json!({
                 "impl": format!("burn-{name}"),
-                "config": size.name(),
+                "config": bench.name(),
                 "params": config.num_params(),
                 "workload": workload,
                 "tokens_per_iter": tokens_per_iter,
@@ -117,8 +156,8 @@ fn run<B: AutodiffModelBackend>(
                 "versions": {"burn": "0.21.0"},
             });
             eprintln!(
-                "{name} {:>3} {workload:<10} {:>10.0} tok/s",
-                size.name(),
+                "{name} {:>7} {workload:<10} {:>10.0} tok/s",
+                bench.name(),
                 tokens_per_iter as f64 / median
             );
             rows.push(row);

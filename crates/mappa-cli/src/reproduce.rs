@@ -227,7 +227,15 @@ pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
     execute(&manifest, &run_dir, &options)?;
     let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
     let last = workflow.agents.last().map_or("", |a| a.role.as_str());
-    let report = crate::run_report::write(&run_dir, last)?;
+    let coach_note = match &manifest.coach.judge {
+        Judge::Local(local) if !local.reply_prefix.is_empty() => Some(format!(
+            "The local coach's replies were made to begin with {:?} (`reply_prefix`): a reply \
+             parses when the model continues it with a number, and carries no analysis.",
+            local.reply_prefix
+        )),
+        _ => None,
+    };
+    let report = crate::run_report::write(&run_dir, last, coach_note.as_deref())?;
     println!("{}", report.display());
     Ok(())
 }

@@ -50,8 +50,9 @@ struct RoleScores {
 }
 
 /// Writes `run_dir/report.md` and returns its path. `last_role` is the
-/// workflow's last agent, whose coach sees the graded outcome.
-pub fn write(run_dir: &Path, last_role: &str) -> anyhow::Result<PathBuf> {
+/// workflow's last agent, whose coach sees the graded outcome; `coach_note`
+/// says how the coach was asked when that changes what its parse rate means.
+pub fn write(run_dir: &Path, last_role: &str, coach_note: Option<&str>) -> anyhow::Result<PathBuf> {
     let metrics: Vec<MetricsLine> = read_jsonl(&run_dir.join("metrics.jsonl"))?;
     let trajectories: Vec<TrajectoryLine> = read_jsonl(&run_dir.join("trajectories.jsonl"))?;
     let timing_path = run_dir.join("timing.jsonl");
@@ -60,7 +61,14 @@ pub fn write(run_dir: &Path, last_role: &str) -> anyhow::Result<PathBuf> {
     } else {
         Vec::new()
     };
-    let text = render(run_dir, last_role, &metrics, &trajectories, &timing);
+    let text = render(
+        run_dir,
+        last_role,
+        coach_note,
+        &metrics,
+        &trajectories,
+        &timing,
+    );
     let path = run_dir.join("report.md");
     mappa_core::fs::write_atomic(&path, text.as_bytes())?;
     Ok(path)
@@ -69,6 +77,7 @@ pub fn write(run_dir: &Path, last_role: &str) -> anyhow::Result<PathBuf> {
 fn render(
     run_dir: &Path,
     last_role: &str,
+    coach_note: Option<&str>,
     metrics: &[MetricsLine],
     trajectories: &[TrajectoryLine],
     timing: &[TimingLine],
@@ -124,6 +133,9 @@ fn render(
         }
     }
     md.push_str("\n## The coach\n\n");
+    if let Some(note) = coach_note {
+        let _ = writeln!(md, "{note}\n");
+    }
     let (actions, parsed) = roles
         .values()
         .fold((0, 0), |(a, p), r| (a + r.actions, p + r.parsed));
@@ -285,8 +297,20 @@ mod tests {
                 ..TimingLine::default()
             },
         ];
-        let md = render(Path::new("r"), "verifier", &metrics, &trajectories, &timing);
+        let note = Some("Replies began with a prefix.");
+        let md = render(
+            Path::new("r"),
+            "verifier",
+            note,
+            &metrics,
+            &trajectories,
+            &timing,
+        );
         assert!(md.contains("Base 25.0% -> final 50.0% (step 1)."), "{md}");
+        assert!(
+            md.contains("## The coach\n\nReplies began with a prefix.\n\nReplies that parsed"),
+            "{md}"
+        );
         assert!(
             md.contains(
                 "parsed to a score: 4 of 6 coached actions (66.7%). Fallbacks by reason: format 1."

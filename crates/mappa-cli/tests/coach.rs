@@ -154,6 +154,38 @@ fn local_checkpoint_as_judge_is_deterministic_and_counts_fallbacks() {
 }
 
 #[test]
+fn a_reply_prefix_begins_every_local_reply_and_is_parsed_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("coach.toml");
+    let checkpoint = workspace().join("fixtures/models/qwen3-tiny");
+    std::fs::write(
+        &config,
+        format!(
+            "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[settings]\nmax_tokens = 4\n\n\
+             [local]\ncheckpoint = \"{}\"\nreply_prefix = \"PROCESS_SCORE: 7\\n\"\n",
+            checkpoint.display()
+        ),
+    )
+    .unwrap();
+    let input = actions_file(dir.path());
+    let out = succeeds(&mut coach_score(&config, &input));
+    let scores = rows(&out.stdout);
+    assert!(!scores.is_empty());
+    for s in &scores {
+        let score = &s["score"];
+        assert_eq!(score["score"], 7.0, "{s}");
+        assert_eq!(score["fallback"], false, "{s}");
+        assert!(
+            score["raw_response"]
+                .as_str()
+                .unwrap()
+                .starts_with("PROCESS_SCORE: 7\n"),
+            "{s}"
+        );
+    }
+}
+
+#[test]
 fn bad_input_lines_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("coach.toml");

@@ -41,6 +41,11 @@ pub struct LocalConfig {
     /// Seed of the sampling streams (unused at temperature 0).
     #[serde(default)]
     pub seed: u64,
+    /// Text every reply is made to begin with (an assistant prefill), for
+    /// judges too small to end a free reply with the score line: e.g.
+    /// `"PROCESS_SCORE:"`. Empty (the default): free replies.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reply_prefix: String,
 }
 
 /// Which coach judges: one kind, with its settings (in TOML, one of the
@@ -233,6 +238,7 @@ fn build_local(
         &local.checkpoint,
         &Default::default(),
         local.seed,
+        &local.reply_prefix,
     )?;
     let name = format!("local:{}", local.checkpoint.display());
     Ok(Box::new(LlmCoach::new(
