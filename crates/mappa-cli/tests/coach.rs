@@ -38,6 +38,23 @@ fn actions_file(dir: &Path) -> std::path::PathBuf {
     path
 }
 
+/// A coach file in `dir` judging with the tiny fixture checkpoint: `max_tokens`
+/// per reply, `extra` appended to its `[local]` table.
+fn local_coach_config(dir: &Path, max_tokens: u32, extra: &str) -> std::path::PathBuf {
+    let config = dir.join("coach.toml");
+    let checkpoint = workspace().join("fixtures/models/qwen3-tiny");
+    std::fs::write(
+        &config,
+        format!(
+            "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[settings]\nmax_tokens = {max_tokens}\n\n\
+             [local]\ncheckpoint = \"{}\"\n{extra}",
+            checkpoint.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
 /// `mappa coach score --config CONFIG --input INPUT`, more arguments to follow.
 fn coach_score(config: impl AsRef<Path>, input: impl AsRef<Path>) -> Command {
     let mut cmd = mappa();
@@ -114,16 +131,7 @@ fn scripted_coach_says_so() {
 #[test]
 fn local_checkpoint_as_judge_is_deterministic_and_counts_fallbacks() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("coach.toml");
-    let checkpoint = workspace().join("fixtures/models/qwen3-tiny");
-    std::fs::write(
-        &config,
-        format!(
-            "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[settings]\nmax_tokens = 8\n\n[local]\ncheckpoint = \"{}\"\n",
-            checkpoint.display()
-        ),
-    )
-    .unwrap();
+    let config = local_coach_config(dir.path(), 8, "");
     let input = actions_file(dir.path());
     let run = || {
         let out = succeeds(&mut coach_score(&config, &input));
@@ -156,17 +164,7 @@ fn local_checkpoint_as_judge_is_deterministic_and_counts_fallbacks() {
 #[test]
 fn a_reply_prefix_begins_every_local_reply_and_is_parsed_with_it() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("coach.toml");
-    let checkpoint = workspace().join("fixtures/models/qwen3-tiny");
-    std::fs::write(
-        &config,
-        format!(
-            "domain = \"mathchat\"\ncache_mode = \"off\"\n\n[settings]\nmax_tokens = 4\n\n\
-             [local]\ncheckpoint = \"{}\"\nreply_prefix = \"PROCESS_SCORE: 7\\n\"\n",
-            checkpoint.display()
-        ),
-    )
-    .unwrap();
+    let config = local_coach_config(dir.path(), 4, "reply_prefix = \"PROCESS_SCORE: 7\\n\"\n");
     let input = actions_file(dir.path());
     let out = succeeds(&mut coach_score(&config, &input));
     let scores = rows(&out.stdout);
