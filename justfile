@@ -70,6 +70,10 @@ models:
 smol-fixtures: setup-torch models
     {{python}} fixtures/smol/make_smol_parity.py
 
+# Regenerate fixtures/lora/ (PEFT LoRA adapters on the tiny checkpoints, with log-probs and adapter gradients by peft).
+lora-fixtures: setup-torch
+    {{python}} fixtures/lora/make_lora_fixtures.py
+
 # Regenerate fixtures/gguf/ (GGUF dequantisation references and a tiny Llama GGUF with transformers' outputs) with gguf-py and transformers.
 gguf-fixtures: setup-torch
     {{python}} fixtures/gguf/make_gguf_fixtures.py
@@ -111,6 +115,12 @@ hf-roundtrip: setup-torch
 # What the fixed summation order costs: mappa-kernels' CPU operations against burn's own, op by op (criterion, release).
 bench-kernels *ARGS:
     cargo bench -p mappa-benches --bench kernels --locked -- {{ARGS}}
+
+# Peak memory and step time of training updates on SmolLM2-135M (needs `just models`): full fine-tuning against LoRA, one agent against three on one shared base, each in a fresh process, beside the memory plan's prediction (about 5 minutes).
+bench-memory *ARGS: models
+    cargo build --release --locked -p mappa-benches --bin memory_bench
+    mkdir -p target/bench
+    target/release/memory_bench --out target/bench/memory.json {{ARGS}}
 
 # Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8, BENCH_RUNS (default 3) runs each side, alternating; medians, ranges and ratios (about 25 minutes).
 bench-vs-torch *ARGS: setup-torch models

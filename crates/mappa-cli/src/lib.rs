@@ -69,6 +69,8 @@ pub enum Command {
     Convert(model::ConvertArgs),
     /// Chat with a checkpoint: one prompt, or interactively on standard input.
     Chat(model::ChatArgs),
+    /// Fold a LoRA adapter (PEFT layout) into its base checkpoint, for export.
+    MergeLora(model::MergeLoraArgs),
 }
 
 /// Run one parsed command line.
@@ -85,5 +87,6 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Sandbox(command) => sandbox::run(&command),
         Command::Convert(args) => model::convert(&args),
         Command::Chat(args) => model::chat(&args),
+        Command::MergeLora(args) => model::merge_lora(&args),
     }
 }

@@ -1,6 +1,7 @@
-//! `mappa convert` (a GGUF model into a HF checkpoint directory) and
+//! `mappa convert` (a GGUF model into a HF checkpoint directory),
 //! `mappa chat` (talk to any checkpoint through its chat template), so that
-//! a newcomer can get a real model and see it answer before training it.
+//! a newcomer can get a real model and see it answer before training it,
+//! and `mappa merge-lora` (a LoRA adapter folded into its base, for export).
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -35,14 +36,20 @@ pub enum DtypeArg {
     Bf16,
 }
 
+impl From<DtypeArg> for StorageDtype {
+    fn from(arg: DtypeArg) -> Self {
+        match arg {
+            DtypeArg::F32 => StorageDtype::F32,
+            DtypeArg::Bf16 => StorageDtype::Bf16,
+        }
+    }
+}
+
 /// Converts a GGUF file and prints what it made.
 pub fn convert(args: &ConvertArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let gguf = GgufFile::open(&args.gguf)?;
-    let dtype = match args.dtype {
-        DtypeArg::F32 => StorageDtype::F32,
-        DtypeArg::Bf16 => StorageDtype::Bf16,
-    };
+    let dtype: StorageDtype = args.dtype.into();
     let done = convert_gguf(&gguf, &args.out, dtype)?;
     let c = &done.config;
     let types: Vec<String> = done
@@ -81,6 +88,49 @@ pub fn convert(args: &ConvertArgs) -> anyhow::Result<()> {
         } else {
             ", no chat template"
         }
+    );
+    Ok(())
+}
+
+/// Arguments of `mappa merge-lora`.
+#[derive(Debug, Args)]
+pub struct MergeLoraArgs {
+    /// The base HF checkpoint directory the adapter was trained on.
+    pub base: PathBuf,
+    /// The adapter directory (PEFT layout: `adapter_config.json`, `adapter_model.safetensors`).
+    pub adapter: PathBuf,
+    /// The merged checkpoint directory to write (with the base's tokenizer files).
+    pub out: PathBuf,
+    /// How to store the merged weights.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DtypeArg,
+}
+
+/// Folds a LoRA adapter into its base and saves a plain HF checkpoint.
+pub fn merge_lora(args: &MergeLoraArgs) -> anyhow::Result<()> {
+    if args.out == args.base {
+        bail!(
+            "the merged checkpoint would overwrite its base `{}`: choose another output directory",
+            args.base.display()
+        );
+    }
+    let device = Default::default();
+    let base = Checkpoint::<Cpu>::load(&args.base, &device)
+        .with_context(|| format!("loading the base checkpoint `{}`", args.base.display()))?;
+    let adapted = mappa_model::lora::load_adapters(base.model, &args.adapter)?;
+    let lora = adapted.lora_config().cloned().expect("loaded adapters");
+    let merged = Checkpoint {
+        model: adapted.merge_adapters(),
+        ..base
+    };
+    merged.save(&args.out, args.dtype.into())?;
+    println!(
+        "merged the rank-{} adapter `{}` ({}) into `{}`: wrote `{}`",
+        lora.rank,
+        args.adapter.display(),
+        lora.targets.join(", "),
+        args.base.display(),
+        args.out.display()
     );
     Ok(())
 }

@@ -146,6 +146,18 @@ fn print_plan(
             labels.join("; ")
         );
     }
+    match crate::rundir::memory_plan(planned) {
+        Ok(memory) => {
+            println!("memory plan:");
+            print!("{}", memory.render());
+            match memory.check() {
+                Ok(()) if planned.devices.is_some() => println!("  fits the declared [devices]."),
+                Ok(()) => println!("  (declare [devices] memory_gib to have the plan checked)"),
+                Err(e) => println!("  DOES NOT FIT: {e}"),
+            }
+        }
+        Err(e) => println!("memory plan: not available ({e})"),
+    }
     if missing.is_empty() {
         println!("everything the run needs is present.");
     } else {

@@ -105,7 +105,15 @@ fn write_lock(dir: &Path, lock: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The manifest's memory plan (`mappa_train::memory`), for the workflow's agents.
+pub fn memory_plan(manifest: &Manifest) -> anyhow::Result<mappa_train::memory::MemoryPlan> {
+    let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
+    let roles: Vec<String> = workflow.agents.iter().map(|a| a.role.clone()).collect();
+    Ok(manifest.memory_plan(&roles)?)
+}
+
 /// Train the manifest in `run_dir` on its backend and say how it ended.
+/// A memory plan that does not fit the declared `[devices]` stops it first.
 pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> anyhow::Result<()> {
     if !backend_available(manifest.backend) {
         bail!(
@@ -113,6 +121,12 @@ pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> any
             feature_name(manifest.backend)
         );
     }
+    let plan = memory_plan(manifest)?;
+    if manifest.devices.is_some() {
+        eprint!("memory plan:\n{}", plan.render());
+    }
+    plan.check()
+        .map_err(|e| anyhow!("{}: {e}; nothing was run", manifest.name))?;
     eprintln!("run directory: {}", run_dir.display());
     let end: RunEnd = match manifest.backend {
         BackendKind::Cpu => run::<Autodiff<mappa_model::backend::Cpu>>(

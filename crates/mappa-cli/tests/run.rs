@@ -116,6 +116,12 @@ fn reproduce_aime_plans_and_names_what_is_missing() {
         "estimated coach cost",
         "GEMINI_API_KEY",
         "Qwen3-4B-Thinking-2507",
+        // The memory plan, from the architecture in experiments/model-configs/.
+        "memory plan:",
+        "(shared, frozen)",
+        "LoRA adapters (rank 32)",
+        "saved activations (micro-batch 1)",
+        "of 80.00 GiB",
     ] {
         assert!(plan.contains(needle), "missing {needle:?} in:\n{plan}");
     }
@@ -135,6 +141,55 @@ fn reproduce_aime_plans_and_names_what_is_missing() {
     ] {
         assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
     }
+}
+
+#[test]
+fn a_run_whose_memory_plan_does_not_fit_its_devices_is_refused() {
+    let dir = scratch();
+    let text = std::fs::read_to_string(manifest())
+        .unwrap()
+        .replace(
+            "../../experiments",
+            &workspace().join("experiments").display().to_string(),
+        )
+        .replace(
+            "../models",
+            &workspace().join("fixtures/models").display().to_string(),
+        );
+    let tight = dir.path().join("tight.toml");
+    std::fs::write(&tight, format!("{text}\n[devices]\nmemory_gib = 0.001\n")).unwrap();
+    let runs = dir.path().join("runs");
+    let out = mappa()
+        .arg("run")
+        .arg(&tight)
+        .arg("--runs-dir")
+        .arg(&runs)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in [
+        "memory plan",
+        "does not fit device 0",
+        "the largest item is",
+        "LoRA adapters on one shared frozen base",
+        "nothing was run",
+    ] {
+        assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
+    }
+    // No step ran: no metrics anywhere under the runs directory.
+    assert!(!runs.exists() || walk_has_no_metrics(&runs));
+}
+
+fn walk_has_no_metrics(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().all(|e| {
+        let path = e.unwrap().path();
+        if path.is_dir() {
+            walk_has_no_metrics(&path)
+        } else {
+            path.file_name().is_some_and(|n| n != "metrics.jsonl")
+        }
+    })
 }
 
 #[test]

@@ -17,6 +17,7 @@ use crate::cache::KvCache;
 use crate::config::TransformerConfig;
 use crate::error::Result;
 use crate::kernels::{self, ModelBackend};
+use crate::lora::{Lora, LoraConfig};
 use crate::norm::RmsNorm;
 use crate::rope::{Rope, RopeTables};
 
@@ -79,6 +80,9 @@ pub struct Transformer<B: Backend> {
     config: TransformerConfig,
     #[module(skip)]
     rope: Rope,
+    /// The LoRA settings of the adapters on the linear layers, if any.
+    #[module(skip)]
+    pub(crate) adapters: Option<LoraConfig>,
 }
 
 /// Per-forward inputs shared by every layer: rotary tables and the attention bias.
@@ -103,6 +107,8 @@ pub struct Dense<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
     /// `[out]`, when the layer has a bias.
     pub bias: Option<Param<Tensor<B, 1>>>,
+    /// A LoRA adapter added to the layer's output ([`crate::lora`]).
+    pub lora: Option<Lora<B>>,
 }
 
 /// At or below this many token rows, [`Dense::forward`] computes `W xᵀ`
@@ -135,7 +141,17 @@ impl<B: ModelBackend> Dense<B> {
     /// # Shapes
     /// - `x`: `[rows, in]`; returns `[rows, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        dense_forward(self.weight.val(), self.bias.as_ref().map(Param::val), x)
+        match &self.lora {
+            None => dense_forward(self.weight.val(), self.bias.as_ref().map(Param::val), x),
+            Some(lora) => {
+                let base = dense_forward(
+                    self.weight.val(),
+                    self.bias.as_ref().map(Param::val),
+                    x.clone(),
+                );
+                base + lora.forward(x)
+            }
+        }
     }
 }
 
@@ -305,6 +321,7 @@ impl<B: Backend> Transformer<B> {
             lm_head,
             config,
             rope,
+            adapters: None,
         }
     }
 
@@ -422,6 +439,7 @@ pub(crate) fn dense<B: Backend>(weight: Tensor<B, 2>, bias: Option<Tensor<B, 1>>
     Dense {
         weight: Param::from_tensor(weight),
         bias: bias.map(Param::from_tensor),
+        lora: None,
     }
 }
 

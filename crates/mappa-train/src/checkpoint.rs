@@ -5,6 +5,8 @@
 //!   index.json                 sha256 of every other file (written last)
 //!   state.json                 rollout step, dataset cursor, every RNG stream, caller's extras
 //!   agents/<name>/config.json, model.safetensors   the policy, HF names and layout (f32)
+//!   agents/<name>/adapter_config.json, adapter_model.safetensors
+//!                                                    instead, for LoRA agents: the adapters (PEFT layout)
 //!   agents/<name>/param_ids.json                    parameter ids (optimiser state is keyed by them)
 //!   agents/<name>/optimizer.bin                      AdamW moments (burn record, full precision)
 //!   agents/<name>/learner.json                       the schedule position (optimiser steps)
@@ -25,6 +27,7 @@ use burn::optim::Optimizer;
 use burn::record::{BinFileRecorder, FullPrecisionSettings, Recorder};
 use mappa_core::hash::sha256_file;
 use mappa_core::rng::RngState;
+use mappa_model::lora::{load_adapters, save_adapters};
 use mappa_model::weights::{load_transformer, save_transformer};
 use mappa_model::AutodiffModelBackend;
 use mappa_model::StorageDtype;
@@ -157,8 +160,12 @@ pub fn save_checkpoint<B: AutodiffModelBackend>(
     for learner in learners {
         let agent_dir = partial.join("agents").join(learner.name());
         std::fs::create_dir_all(&agent_dir).map_err(|e| ck_err(&agent_dir, e))?;
-        save_transformer(learner.policy(), &agent_dir, StorageDtype::F32)
-            .map_err(|e| ck_err(&agent_dir, e))?;
+        match learner.policy().lora_config() {
+            // The frozen base is the run's base model, like the reference.
+            Some(_) => save_adapters(learner.policy(), &agent_dir, learner.name()),
+            None => save_transformer(learner.policy(), &agent_dir, StorageDtype::F32),
+        }
+        .map_err(|e| ck_err(&agent_dir, e))?;
         let ids: Vec<String> = param_ids(learner.policy())
             .into_iter()
             .map(ParamId::serialize)
@@ -229,8 +236,11 @@ pub fn load_checkpoint<B: AutodiffModelBackend>(
             ));
         }
         let device = learner.policy().device();
-        let model =
-            load_transformer::<B>(&agent_dir, &device).map_err(|e| ck_err(&agent_dir, e))?;
+        let model = match learner.policy().lora_config() {
+            Some(_) => load_adapters(learner.policy().without_adapters(), &agent_dir),
+            None => load_transformer::<B>(&agent_dir, &device),
+        }
+        .map_err(|e| ck_err(&agent_dir, e))?;
         let ids_path = agent_dir.join("param_ids.json");
         let ids: Vec<String> = read_json(&ids_path)?;
         let ids: Vec<ParamId> = ids

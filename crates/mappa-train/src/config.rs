@@ -1,5 +1,6 @@
 //! Hyper-parameters of a learner, as they appear in an experiment manifest.
 
+use mappa_model::LoraConfig;
 use serde::{Deserialize, Serialize};
 
 /// Optimiser, schedule and loss settings of one agent's learner.
@@ -39,6 +40,9 @@ pub struct TrainConfig {
     pub micro_batch_size: usize,
     /// Temperature of the log-probs (the rollout's sampling temperature).
     pub logprob_temperature: f64,
+    /// LoRA adapters on a frozen base (`[train.lora]`); none: full fine-tuning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lora: Option<LoraConfig>,
 }
 
 impl Default for TrainConfig {
@@ -58,6 +62,7 @@ impl Default for TrainConfig {
             dual_clip: None,
             micro_batch_size: 4,
             logprob_temperature: 1.0,
+            lora: None,
         }
     }
 }
@@ -136,6 +141,9 @@ impl TrainConfig {
             "logprob_temperature",
             "a positive number",
         )?;
+        if let Some(lora) = &self.lora {
+            lora.validate().map_err(|e| format!("lora.{e}"))?;
+        }
         Ok(())
     }
 }

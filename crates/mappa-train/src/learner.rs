@@ -1,6 +1,8 @@
-//! One agent's learner: its own policy weights, a frozen reference copy, an
-//! AdamW optimiser and the LR schedule. Each agent trains only on its own
-//! actions; a sample's prompt is the full context the model saw.
+//! One agent's learner: its own policy weights (or LoRA adapters on a
+//! frozen base), a frozen reference (a copy of the starting weights, or
+//! under LoRA the base itself), an AdamW optimiser and the LR schedule.
+//! Each agent trains only on its own actions; a sample's prompt is the full
+//! context the model saw.
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -8,7 +10,7 @@ use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Opt
 use burn::prelude::*;
 use mappa_core::stats::mean_population_std;
 use mappa_model::AutodiffModelBackend;
-use mappa_model::{completion_logprobs, ModelBackend, Transformer};
+use mappa_model::{completion_logprobs, LoraConfig, ModelBackend, Transformer};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
@@ -80,14 +82,27 @@ pub struct AgentLearner<B: AutodiffModelBackend> {
 }
 
 impl<B: AutodiffModelBackend> AgentLearner<B> {
-    /// A learner whose reference is a frozen copy of `policy`.
+    /// A learner whose reference is a frozen copy of `policy`, or, when
+    /// `policy` carries LoRA adapters, its base without them (the same
+    /// weights, not a copy). `config.lora` and the policy's adapters must agree.
     pub fn new(
         name: impl Into<String>,
         policy: Transformer<B>,
         config: TrainConfig,
     ) -> Result<Self, TrainError> {
+        let name = name.into();
         config.validate().map_err(TrainError::Config)?;
-        let reference = policy.valid();
+        if policy.lora_config() != config.lora.as_ref().map(LoraConfig::canonical).as_ref() {
+            return Err(TrainError::Config(format!(
+                "agent {name}: train.lora is {:?} but the policy's adapters are {:?} (add them with Transformer::with_lora)",
+                config.lora,
+                policy.lora_config()
+            )));
+        }
+        let reference = match policy.lora_config() {
+            Some(_) => policy.valid().without_adapters(),
+            None => policy.valid(),
+        };
         let optimizer = AdamWConfig::new()
             .with_beta_1(config.beta1 as f32)
             .with_beta_2(config.beta2 as f32)
@@ -95,7 +110,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             .with_weight_decay(config.weight_decay as f32)
             .init();
         Ok(Self {
-            name: name.into(),
+            name,
             policy,
             reference,
             optimizer,

@@ -30,6 +30,7 @@ pub mod learner;
 pub mod loss;
 pub mod machine;
 pub mod manifest;
+pub mod memory;
 pub mod params;
 pub mod policy;
 pub mod progress;

@@ -107,6 +107,10 @@ pub struct ModelSpec {
     /// `config.json` and the tokenizer files).
     #[serde(default)]
     pub init_seed: Option<u64>,
+    /// An HF `config.json` with the model's architecture, for the memory
+    /// plan of a dry run when the checkpoint is not present yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_config: Option<PathBuf>,
 }
 
 /// Rollout settings.
@@ -133,6 +137,10 @@ pub struct RolloutSpec {
     /// Mask actions cut off at `max_new_tokens` out of the loss (the paper: true).
     #[serde(default = "yes")]
     pub mask_truncated: bool,
+    /// The longest prompt an agent sees, in tokens, for the memory plan
+    /// (none: 512 plus `max_new_tokens` per earlier agent in the chain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prompt_tokens: Option<usize>,
 }
 
 fn yes() -> bool {
@@ -212,10 +220,43 @@ pub struct Manifest {
     /// An optional supervised warm start.
     #[serde(default)]
     pub warm_start: Option<WarmStart>,
+    /// The devices of the run and what they hold, for the memory plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<DevicesSpec>,
     /// The arms and seeds `mappa reproduce` runs and compares (its runs
     /// carry none: a run's id does not depend on the study around it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub study: Option<Study>,
+}
+
+/// The devices a run declares (`[devices]`): what the memory plan checks against.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesSpec {
+    /// Memory of each device, in GiB.
+    pub memory_gib: f64,
+    /// How many devices of that size.
+    #[serde(default = "one_usize")]
+    pub count: usize,
+    /// The device (0-based) each agent trains on; unnamed agents use device 0.
+    #[serde(default)]
+    pub agents: BTreeMap<String, usize>,
+    /// The inference engine that generates rollouts (none: the trainer
+    /// generates them itself, with a KV cache on each agent's device).
+    #[serde(default)]
+    pub engine: Option<EngineSpec>,
+}
+
+/// Where the inference engine runs and what it reserves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSpec {
+    /// Its device (0-based), or none when it runs on another machine.
+    #[serde(default)]
+    pub device: Option<usize>,
+    /// GiB it reserves there (vLLM: `--gpu-memory-utilization` times the device's memory).
+    #[serde(default)]
+    pub memory_gib: f64,
 }
 
 /// A comparison of arms over seeds: what `mappa reproduce NAME` runs when
@@ -404,10 +445,12 @@ impl Manifest {
         let base = path.parent().unwrap_or(Path::new("."));
         rebase(&mut manifest.workflow, base);
         manifest.data.family_mut().rebase(base);
-        manifest
-            .models
-            .values_mut()
-            .for_each(|m| rebase(&mut m.path, base));
+        manifest.models.values_mut().for_each(|m| {
+            rebase(&mut m.path, base);
+            if let Some(config) = &mut m.plan_config {
+                rebase(config, base);
+            }
+        });
         manifest.coach.rebase(base);
         manifest.train.total_steps = manifest.rollout.steps.max(1);
         manifest.validate().map_err(|e| manifest_err(path, e))?;
@@ -442,7 +485,95 @@ impl Manifest {
         }
         self.train.validate().map_err(|e| format!("train.{e}"))?;
         self.credit.validate().map_err(|e| format!("credit: {e}"))?;
+        if let Some(devices) = &self.devices {
+            if !(devices.memory_gib.is_finite() && devices.memory_gib > 0.0) {
+                return Err(format!(
+                    "devices.memory_gib = {}: expected a positive number",
+                    devices.memory_gib
+                ));
+            }
+            if devices.count == 0 {
+                return Err("devices.count: expected at least 1".into());
+            }
+            for (role, &d) in &devices.agents {
+                if d >= devices.count {
+                    return Err(format!(
+                        "devices.agents.{role} = {d}: expected a device below devices.count = {}",
+                        devices.count
+                    ));
+                }
+                if !self.models.contains_key(role) {
+                    return Err(format!("devices.agents.{role}: no such role in [models]"));
+                }
+            }
+            if let Some(engine) = &devices.engine {
+                if engine.device.is_some_and(|d| d >= devices.count) {
+                    return Err(format!(
+                        "devices.engine.device = {}: expected a device below devices.count = {}",
+                        engine.device.unwrap_or_default(),
+                        devices.count
+                    ));
+                }
+                if !(engine.memory_gib.is_finite() && engine.memory_gib >= 0.0) {
+                    return Err("devices.engine.memory_gib: expected a number >= 0".into());
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The run's memory plan ([`crate::memory`]), from each role's
+    /// `config.json` (or `plan_config` when the checkpoint is absent), in
+    /// the workflow's agent order.
+    pub fn memory_plan(&self, roles: &[String]) -> Result<crate::memory::MemoryPlan, TrainError> {
+        use crate::memory::{AgentShape, PlanInputs, GIB};
+        let devices = self.devices.as_ref();
+        let mut agents = Vec::new();
+        for (index, role) in roles.iter().enumerate() {
+            let spec = self
+                .models
+                .get(role)
+                .ok_or_else(|| TrainError::Config(format!("models: no model for role {role:?}")))?;
+            let in_checkpoint = spec.path.join("config.json");
+            let config_path = match (&spec.plan_config, in_checkpoint.exists()) {
+                (_, true) => in_checkpoint,
+                (Some(plan), false) => plan.clone(),
+                (None, false) => in_checkpoint,
+            };
+            let model = mappa_model::TransformerConfig::from_hf_file(&config_path)
+                .map_err(|e| TrainError::model_at(&config_path, e))?;
+            agents.push(AgentShape {
+                role: role.clone(),
+                model,
+                base: spec.path.display().to_string(),
+                device: devices
+                    .and_then(|d| d.agents.get(role).copied())
+                    .unwrap_or(0),
+                prompt_tokens: self
+                    .rollout
+                    .max_prompt_tokens
+                    .unwrap_or(512 + index * self.rollout.max_new_tokens),
+            });
+        }
+        let engine = devices.and_then(|d| d.engine.as_ref());
+        let rollout_batch = match engine {
+            Some(_) => None,
+            None => Some(self.rollout.prompts_per_step * self.rollout.samples_per_prompt),
+        };
+        let engine_reserve = engine
+            .and_then(|e| e.device.map(|d| (d, (e.memory_gib * GIB) as u64)))
+            .into_iter()
+            .collect();
+        Ok(crate::memory::plan(&PlanInputs {
+            agents,
+            lora: self.train.lora.clone(),
+            micro_batch: self.train.micro_batch_size,
+            completion_tokens: self.rollout.max_new_tokens,
+            rollout_batch,
+            capacity: devices.map(|d| (d.memory_gib * GIB) as u64),
+            devices: devices.map_or(1, |d| d.count),
+            engine_reserve,
+        }))
     }
 
     /// Check every file the run depends on and its hash, and collect the

@@ -120,6 +120,12 @@ fn check_numbers(m: &Manifest) -> Result<(), TestCaseError> {
     ];
     numbers.extend(t.grad_clip.map(|c| ("train.grad_clip", c)));
     numbers.extend(t.dual_clip.map(|c| ("train.dual_clip", c)));
+    numbers.extend(t.lora.as_ref().map(|l| ("train.lora.alpha", l.alpha)));
+    numbers.extend(
+        m.devices
+            .as_ref()
+            .map(|d| ("devices.memory_gib", d.memory_gib)),
+    );
     for (name, x) in numbers {
         prop_assert!(x.is_finite(), "{} = {} was accepted", name, x);
     }
@@ -213,9 +219,12 @@ fn non_finite_numbers_are_refused() {
         ("train", "logprob_temperature", f64::INFINITY),
         ("train", "grad_clip", f64::INFINITY),
         ("train", "dual_clip", f64::INFINITY),
+        ("devices", "memory_gib", f64::NAN),
     ] {
         let mut manifest: toml::Table = toml::from_str(&text).unwrap();
-        manifest[table]
+        manifest
+            .entry(table)
+            .or_insert_with(|| Value::Table(toml::Table::new()))
             .as_table_mut()
             .unwrap()
             .insert(key.into(), Value::Float(x));

@@ -475,3 +475,85 @@ fn supervised_finetuning_learns_a_fixed_completion() {
     .unwrap();
     assert_eq!(out[0].token_ids, vec![42, 43, 44, 45]);
 }
+
+fn lora_learner(lr: f64, total: usize) -> AgentLearner<B> {
+    let lora = mappa_model::LoraConfig::new(4, 8.0);
+    let policy = model()
+        .with_lora(&lora, &mut RngStream::from_u64(9))
+        .unwrap();
+    let config = TrainConfig {
+        lora: Some(lora),
+        ..config(lr, total, 2)
+    };
+    AgentLearner::new("solver", policy, config).unwrap()
+}
+
+#[test]
+fn a_lora_learner_updates_only_its_adapters_against_the_base_as_reference() {
+    let mut learner = lora_learner(1e-2, 4);
+    let base = hf_tensors(&model());
+    // The reference is the base itself (no adapters), not a copy of the policy.
+    assert!(learner.reference().lora_config().is_none());
+    let batch = samples(&learner, 3, &[1.0, -1.0, 0.5]);
+    // B = 0 at the start: the policy is the base, bit for bit.
+    for s in &batch {
+        assert_eq!(s.old_logprobs, s.ref_logprobs);
+    }
+    let adapters_before = learner.policy().adapter_tensors();
+    let metrics = learner.train_step(&batch, &loss_config()).unwrap();
+    assert!(metrics.grad_norm > 0.0);
+    assert_eq!(
+        hf_tensors(learner.policy()),
+        base,
+        "a frozen base weight moved"
+    );
+    assert_ne!(
+        learner.policy().adapter_tensors(),
+        adapters_before,
+        "the adapters did not move"
+    );
+    // The update changed the policy's log-probs, not the reference's.
+    // (The same batch as `samples` used: padding changes the last bits.)
+    let pairs: Vec<(&[u32], &[u32])> = batch
+        .iter()
+        .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
+        .collect();
+    assert_ne!(
+        learner.policy_logprobs(&pairs).unwrap()[0],
+        batch[0].old_logprobs
+    );
+    assert_eq!(
+        learner.reference_logprobs(&pairs).unwrap()[0],
+        batch[0].ref_logprobs
+    );
+    // Without adapters in train.lora, a LoRA policy is refused (and vice versa).
+    let err = AgentLearner::new("solver", learner.policy().clone(), config(1e-3, 4, 2))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("train.lora"), "{err}");
+}
+
+#[test]
+fn resuming_a_lora_learner_is_bit_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let total = 4;
+    let mut straight = lora_learner(1e-3, total);
+    run_steps(&mut straight, 0, total);
+    let mut first = lora_learner(1e-3, total);
+    run_steps(&mut first, 0, 2);
+    let ck = dir.path().join("step-2");
+    save_checkpoint(&ck, &[&first], &state()).unwrap();
+    // Only the adapters are stored, in PEFT's layout.
+    let agent = ck.join("agents/solver");
+    assert!(agent.join("adapter_model.safetensors").exists());
+    assert!(!agent.join("model.safetensors").exists());
+    let mut resumed = vec![lora_learner(1e-3, total)];
+    load_checkpoint(&ck, &mut resumed).unwrap();
+    run_steps(&mut resumed[0], 2, total);
+    assert_eq!(
+        straight.policy().adapter_tensors(),
+        resumed[0].policy().adapter_tensors(),
+        "adapters differ after resume"
+    );
+}

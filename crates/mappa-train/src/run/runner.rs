@@ -55,23 +55,35 @@ pub(super) fn open_environment(
 }
 
 /// Each role's starting model and the directory it came from (for its
-/// tokenizer): a checkpoint, or random weights from a seed.
+/// tokenizer): a checkpoint, or random weights from a seed. Roles that name
+/// the same source share one loaded model: its weights are held once in
+/// memory (burn's CPU tensors share storage on clone) until an update
+/// replaces them, and never with frozen LoRA bases.
 fn base_models<B: AutodiffModelBackend>(
     manifest: &Manifest,
     workflow: &Workflow,
     device: &B::Device,
 ) -> Result<BTreeMap<String, (Transformer<B>, PathBuf)>, TrainError> {
+    let mut loaded: BTreeMap<(PathBuf, Option<u64>), Transformer<B>> = BTreeMap::new();
     let mut sources = BTreeMap::new();
     for agent in &workflow.agents {
         let spec = manifest.models.get(&agent.role).ok_or_else(|| {
             TrainError::Config(format!("models: no model for role {:?}", agent.role))
         })?;
-        let model_err = |e| TrainError::model_at(&spec.path, e);
-        let model = match spec.init_seed {
-            Some(seed) => TransformerConfig::from_hf_file(&spec.path.join("config.json"))
-                .map_err(model_err)?
-                .init::<B>(seed, device),
-            None => load_transformer::<B>(&spec.path, device).map_err(model_err)?,
+        let key = (spec.path.clone(), spec.init_seed);
+        let model = match loaded.get(&key) {
+            Some(model) => model.clone(),
+            None => {
+                let model_err = |e| TrainError::model_at(&spec.path, e);
+                let model = match spec.init_seed {
+                    Some(seed) => TransformerConfig::from_hf_file(&spec.path.join("config.json"))
+                        .map_err(model_err)?
+                        .init::<B>(seed, device),
+                    None => load_transformer::<B>(&spec.path, device).map_err(model_err)?,
+                };
+                loaded.insert(key, model.clone());
+                model
+            }
         };
         sources.insert(agent.role.clone(), (model, spec.path.clone()));
     }
@@ -141,11 +153,16 @@ where
                 sources.insert(role, (model, path));
             }
         }
+        let seeds = SeedTree::new(manifest.seed);
         let mut models = Vec::new();
         let mut learners = Vec::new();
         for agent in &workflow.agents {
-            let (policy, path) = sources.remove(&agent.role).expect("every role has a model");
+            let (mut policy, path) = sources.remove(&agent.role).expect("every role has a model");
             let model_err = |e| TrainError::model_at(&path, e);
+            if let Some(lora) = &manifest.train.lora {
+                let mut rng = seeds.stream(&format!("lora-init/{}", agent.role));
+                policy = policy.with_lora(lora, &mut rng).map_err(model_err)?;
+            }
             let tokenizer = HfTokenizer::from_dir(&path).map_err(model_err)?;
             let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(model_err)?;
             learners.push(AgentLearner::new(
@@ -181,7 +198,7 @@ where
             learners,
             coach,
             sandbox,
-            seeds: SeedTree::new(manifest.seed),
+            seeds,
             dir,
         })
     }

@@ -1,0 +1,261 @@
+//! `just bench-memory`: peak memory and step time of training steps, full
+//! fine-tuning against LoRA adapters, one agent against three on one base,
+//! each configuration in a fresh process, next to what the memory plan
+//! (`mappa_train::memory`) predicts for it.
+//!
+//! A child loads the model(s), builds the learners and runs one warm-up
+//! update per agent (so that the allocator reaches its steady state and
+//! the AdamW moments exist), then resets the kernel's peak-RSS counter
+//! (`/proc/self/clear_refs`, 5) and runs one more update per agent. The
+//! measured figure is that peak (`VmHWM`) less the process's resident size
+//! before any model was loaded; the predicted one is the plan's device
+//! peak (persistent bytes plus the update phase; no rollout here).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use clap::Parser;
+use mappa_core::RngStream;
+use mappa_model::weights::load_transformer;
+use mappa_model::{LoraConfig, Transformer, TransformerConfig};
+use mappa_train::memory::{plan, AgentShape, PlanInputs, GIB};
+use mappa_train::{AgentLearner, LossConfig, TrainConfig, TrainSample};
+use serde::{Deserialize, Serialize};
+
+type B = Autodiff<mappa_model::backend::Cpu>;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The checkpoint to train (default: SmolLM2-135M from `just models`).
+    #[arg(long, default_value = mappa_benches::SMOL_DIR)]
+    model: PathBuf,
+    /// Run one configuration (`full-1`, `lora-1`, `full-3`, `lora-3`) and print its JSON.
+    #[arg(long)]
+    child: Option<String>,
+    /// Sequences per update (one micro-batch).
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    prompt: usize,
+    /// Completion tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    completion: usize,
+    /// Write the results here as JSON.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// One configuration's measurement.
+#[derive(Debug, Serialize, Deserialize)]
+struct Measured {
+    config: String,
+    agents: usize,
+    lora: bool,
+    /// Seconds of one update (mean over agents).
+    step_seconds: f64,
+    /// Completion tokens trained per second.
+    tokens_per_second: f64,
+    /// Peak resident bytes during the measured updates, less the program's own.
+    measured_bytes: u64,
+    /// The memory plan's peak for the same shapes.
+    predicted_bytes: u64,
+}
+
+fn status_kib(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+fn reset_peak() {
+    std::fs::write("/proc/self/clear_refs", "5")
+        .expect("resetting the peak RSS (/proc/self/clear_refs)");
+}
+
+fn lora() -> LoraConfig {
+    LoraConfig::new(16, 32.0)
+}
+
+fn samples(learner: &AgentLearner<B>, args: &Args, vocab: usize, seed: u64) -> Vec<TrainSample> {
+    let mut rng = RngStream::from_u64(seed);
+    let mut ids =
+        |n: usize| -> Vec<u32> { (0..n).map(|_| rng.below(vocab as u64) as u32).collect() };
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = (0..args.batch)
+        .map(|_| (ids(args.prompt), ids(args.completion)))
+        .collect();
+    let refs: Vec<(&[u32], &[u32])> = pairs
+        .iter()
+        .map(|(p, c)| (p.as_slice(), c.as_slice()))
+        .collect();
+    let old = learner.policy_logprobs(&refs).expect("log-probs");
+    let reference = learner.reference_logprobs(&refs).expect("log-probs");
+    pairs
+        .into_iter()
+        .zip(old)
+        .zip(reference)
+        .enumerate()
+        .map(
+            |(i, (((prompt, completion), old_logprobs), ref_logprobs))| {
+                let a = if i % 2 == 0 { 1.0 } else { -1.0 };
+                TrainSample {
+                    mask: vec![true; completion.len()],
+                    advantages: vec![a; completion.len()],
+                    prompt,
+                    completion,
+                    old_logprobs,
+                    ref_logprobs,
+                    reward: a as f64,
+                }
+            },
+        )
+        .collect()
+}
+
+fn predicted(model: &TransformerConfig, agents: usize, lora: bool, args: &Args) -> u64 {
+    let inputs = PlanInputs {
+        agents: (0..agents)
+            .map(|i| AgentShape {
+                role: format!("agent{i}"),
+                model: model.clone(),
+                base: "base".into(),
+                device: 0,
+                prompt_tokens: args.prompt,
+            })
+            .collect(),
+        lora: lora.then(self::lora),
+        micro_batch: args.batch,
+        completion_tokens: args.completion,
+        rollout_batch: None,
+        capacity: None,
+        devices: 1,
+        engine_reserve: Default::default(),
+    };
+    plan(&inputs).devices[0].peak()
+}
+
+fn child(config: &str, args: &Args) -> Measured {
+    let (kind, agents) = config.split_once('-').expect("CONFIG is full-N or lora-N");
+    let agents: usize = agents.parse().expect("agent count");
+    let lora = kind == "lora";
+    let own = status_kib("VmRSS:") * 1024;
+    let device = Default::default();
+    let base: Transformer<B> = load_transformer(&args.model, &device)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
+    let model_config = base.config().clone();
+    let train = TrainConfig {
+        lr: 1e-5,
+        micro_batch_size: args.batch,
+        lora: lora.then(self::lora),
+        ..Default::default()
+    };
+    let mut learners: Vec<AgentLearner<B>> = (0..agents)
+        .map(|i| {
+            // Every agent starts from the one loaded base (shared storage).
+            let mut policy = base.clone();
+            if lora {
+                policy = policy
+                    .with_lora(&self::lora(), &mut RngStream::from_u64(i as u64))
+                    .expect("LoRA");
+            }
+            AgentLearner::new(format!("agent{i}"), policy, train.clone()).expect("learner")
+        })
+        .collect();
+    drop(base);
+    let loss = LossConfig {
+        clip_low: 0.2,
+        clip_high: 0.2,
+        dual_clip: None,
+        kl_in_loss: None,
+    };
+    let vocab = model_config.vocab_size;
+    let batches: Vec<Vec<TrainSample>> = learners
+        .iter()
+        .enumerate()
+        .map(|(i, l)| samples(l, args, vocab, i as u64))
+        .collect();
+    for (learner, batch) in learners.iter_mut().zip(&batches) {
+        learner.train_step(batch, &loss).expect("warm-up update");
+    }
+    reset_peak();
+    let start = Instant::now();
+    for (learner, batch) in learners.iter_mut().zip(&batches) {
+        learner.train_step(batch, &loss).expect("update");
+    }
+    let seconds = start.elapsed().as_secs_f64() / agents as f64;
+    let peak = status_kib("VmHWM:") * 1024;
+    Measured {
+        config: config.to_string(),
+        agents,
+        lora,
+        step_seconds: seconds,
+        tokens_per_second: (args.batch * args.completion) as f64 / seconds,
+        measured_bytes: peak.saturating_sub(own),
+        predicted_bytes: predicted(&model_config, agents, lora, args),
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Some(config) = &args.child {
+        println!(
+            "{}",
+            serde_json::to_string(&child(config, &args)).expect("json")
+        );
+        return;
+    }
+    let exe = std::env::current_exe().expect("own path");
+    let mut results = Vec::new();
+    for config in ["full-1", "lora-1", "full-3", "lora-3"] {
+        eprintln!("== {config}");
+        let out = Command::new(&exe)
+            .args(["--child", config, "--model"])
+            .arg(&args.model)
+            .args([
+                "--batch",
+                &args.batch.to_string(),
+                "--prompt",
+                &args.prompt.to_string(),
+                "--completion",
+                &args.completion.to_string(),
+            ])
+            .output()
+            .expect("running a child");
+        if !out.status.success() {
+            eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+            std::process::exit(1);
+        }
+        let m: Measured = serde_json::from_slice(&out.stdout).expect("child JSON");
+        results.push(m);
+    }
+    println!(
+        "model {}, batch {} x ({} prompt + {} completion) tokens, LoRA rank 16 on all projections",
+        args.model.display(),
+        args.batch,
+        args.prompt,
+        args.completion
+    );
+    println!("| config | step s | tok/s | peak measured GiB | plan GiB | plan error |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for m in &results {
+        let error = m.predicted_bytes as f64 / m.measured_bytes as f64 - 1.0;
+        println!(
+            "| {} | {:.2} | {:.0} | {:.3} | {:.3} | {:+.1}% |",
+            m.config,
+            m.step_seconds,
+            m.tokens_per_second,
+            m.measured_bytes as f64 / GIB,
+            m.predicted_bytes as f64 / GIB,
+            100.0 * error
+        );
+    }
+    if let Some(out) = &args.out {
+        std::fs::write(out, serde_json::to_string_pretty(&results).expect("json"))
+            .expect("writing --out");
+    }
+}
