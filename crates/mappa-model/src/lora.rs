@@ -397,12 +397,14 @@ pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
     }
     let targets = match peft.target_modules {
         TargetModules::List(list) => list,
-        TargetModules::Pattern(p) => return Err(bad(
-            "target_modules",
-            format!(
+        TargetModules::Pattern(p) => {
+            return Err(bad(
+                "target_modules",
+                format!(
                 "is a regular expression ({p:?}), which mappa does not read: list the projections"
             ),
-        )),
+            ))
+        }
     };
     let config = LoraConfig {
         rank: peft.r,

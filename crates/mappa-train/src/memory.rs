@@ -223,9 +223,12 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
         // updates have replaced their own weights. Agents that load the same
         // model share it (one copy per device).
         if bases_seen.insert((d, agent.base.clone())) {
+            let name = std::path::Path::new(&agent.base)
+                .file_name()
+                .map_or(agent.base.clone(), |n| n.to_string_lossy().into_owned());
             let what = match inputs.lora {
-                Some(_) => format!("base weights {} (shared, frozen)", agent.base),
-                None => format!("reference weights {} (shared, frozen)", agent.base),
+                Some(_) => format!("base weights {name} (shared, frozen)"),
+                None => format!("reference weights {name} (shared, frozen)"),
             };
             items.push(Item {
                 what,
