@@ -100,53 +100,10 @@ fn a_run_killed_mid_way_resumes_to_identical_weights() {
     assert_eq!(metrics(&straight_run), metrics(&run));
 }
 
-#[test]
-fn reproduce_aime_plans_and_names_what_is_missing() {
-    let out = succeeds(
-        mappa()
-            .args(["reproduce", "aime", "--dry-run"])
-            .env_remove("GEMINI_API_KEY"),
-    );
-    let plan = String::from_utf8_lossy(&out.stdout);
-    for needle in [
-        "training tasks",
-        "512 (62 held out)",
-        "128 (32 prompts x 2 samples each)",
-        "coach calls",
-        "estimated coach cost",
-        "GEMINI_API_KEY",
-        "Qwen3-4B-Thinking-2507",
-        // The memory plan, from the architecture in experiments/model-configs/.
-        "memory plan:",
-        "(shared, frozen)",
-        "LoRA adapters (rank 32)",
-        "saved activations (micro-batch 1)",
-        "of 80.00 GiB",
-    ] {
-        assert!(plan.contains(needle), "missing {needle:?} in:\n{plan}");
-    }
-    let out = mappa()
-        .args(["reproduce", "aime"])
-        .env_remove("GEMINI_API_KEY")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in [
-        "nothing was run",
-        "cuda",
-        "model weights",
-        "GEMINI_API_KEY",
-        "just reproduce arith",
-    ] {
-        assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
-    }
-}
-
-#[test]
-fn a_run_whose_memory_plan_does_not_fit_its_devices_is_refused() {
-    let dir = scratch();
-    let text = std::fs::read_to_string(manifest())
+/// The tiny manifest's text with its relative paths made absolute, to be
+/// written anywhere.
+fn tiny_manifest_text() -> String {
+    std::fs::read_to_string(manifest())
         .unwrap()
         .replace(
             "../../experiments",
@@ -155,7 +112,65 @@ fn a_run_whose_memory_plan_does_not_fit_its_devices_is_refused() {
         .replace(
             "../models",
             &workspace().join("fixtures/models").display().to_string(),
-        );
+        )
+}
+
+/// Fails naming the first of `needles` that `text` lacks.
+fn assert_mentions(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn reproduce_aime_plans_and_names_what_is_missing() {
+    let out = succeeds(
+        mappa()
+            .args(["reproduce", "aime", "--dry-run"])
+            .env_remove("GEMINI_API_KEY"),
+    );
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert_mentions(
+        &plan,
+        &[
+            "training tasks",
+            "512 (62 held out)",
+            "128 (32 prompts x 2 samples each)",
+            "coach calls",
+            "estimated coach cost",
+            "GEMINI_API_KEY",
+            "Qwen3-4B-Thinking-2507",
+            // The memory plan, from the architecture in experiments/model-configs/.
+            "memory plan:",
+            "(shared, frozen)",
+            "LoRA adapters (rank 32)",
+            "saved activations (micro-batch 1)",
+            "of 80.00 GiB",
+        ],
+    );
+    let out = mappa()
+        .args(["reproduce", "aime"])
+        .env_remove("GEMINI_API_KEY")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_mentions(
+        &stderr,
+        &[
+            "nothing was run",
+            "cuda",
+            "model weights",
+            "GEMINI_API_KEY",
+            "just reproduce arith",
+        ],
+    );
+}
+
+#[test]
+fn a_run_whose_memory_plan_does_not_fit_its_devices_is_refused() {
+    let dir = scratch();
+    let text = tiny_manifest_text();
     let tight = dir.path().join("tight.toml");
     std::fs::write(&tight, format!("{text}\n[devices]\nmemory_gib = 0.001\n")).unwrap();
     let runs = dir.path().join("runs");
@@ -168,15 +183,16 @@ fn a_run_whose_memory_plan_does_not_fit_its_devices_is_refused() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in [
-        "memory plan",
-        "does not fit device 0",
-        "the largest item is",
-        "LoRA adapters on one shared frozen base",
-        "nothing was run",
-    ] {
-        assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
-    }
+    assert_mentions(
+        &stderr,
+        &[
+            "memory plan",
+            "does not fit device 0",
+            "the largest item is",
+            "LoRA adapters on one shared frozen base",
+            "nothing was run",
+        ],
+    );
     // No step ran: no metrics anywhere under the runs directory.
     assert!(!runs.exists() || walk_has_no_metrics(&runs));
 }
@@ -199,15 +215,7 @@ fn manifest_errors_name_the_key_or_file() {
     let bad = dir.path().join("bad.toml");
     std::fs::write(
         &bad,
-        text.replace("seed = 11", "seed = 11\nsneed = 3")
-            .replace(
-                "../../experiments",
-                &workspace().join("experiments").display().to_string(),
-            )
-            .replace(
-                "../models",
-                &workspace().join("fixtures/models").display().to_string(),
-            ),
+        tiny_manifest_text().replace("seed = 11", "seed = 11\nsneed = 3"),
     )
     .unwrap();
     let out = mappa().arg("run").arg(&bad).output().unwrap();
