@@ -148,13 +148,11 @@ fn reproduce_aime_plans_and_names_what_is_missing() {
             "of 80.00 GiB",
         ],
     );
-    let out = mappa()
-        .args(["reproduce", "aime"])
-        .env_remove("GEMINI_API_KEY")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = fails(
+        mappa()
+            .args(["reproduce", "aime"])
+            .env_remove("GEMINI_API_KEY"),
+    );
     assert_mentions(
         &stderr,
         &[
@@ -174,15 +172,7 @@ fn a_run_whose_memory_plan_does_not_fit_its_devices_is_refused() {
     let tight = dir.path().join("tight.toml");
     std::fs::write(&tight, format!("{text}\n[devices]\nmemory_gib = 0.001\n")).unwrap();
     let runs = dir.path().join("runs");
-    let out = mappa()
-        .arg("run")
-        .arg(&tight)
-        .arg("--runs-dir")
-        .arg(&runs)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = fails(mappa().arg("run").arg(&tight).arg("--runs-dir").arg(&runs));
     assert_mentions(
         &stderr,
         &[
