@@ -15,23 +15,29 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
+use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::Autodiff;
 use clap::Parser;
 use mappa_core::RngStream;
 use mappa_model::weights::load_transformer;
-use mappa_model::{LoraConfig, Transformer, TransformerConfig};
+use mappa_model::{AutodiffModelBackend, LoraConfig, Transformer, TransformerConfig};
 use mappa_train::memory::{plan, AgentShape, PlanInputs, GIB};
 use mappa_train::{AgentLearner, LossConfig, TrainConfig, TrainSample};
 use serde::{Deserialize, Serialize};
 
-type B = Autodiff<mappa_model::backend::Cpu>;
+/// Without checkpointing: every saved tensor is kept for the backward pass.
+type Plain = Autodiff<mappa_model::backend::Cpu>;
+/// burn's balanced checkpointing: outputs of memory-bound operations are
+/// recomputed in the backward pass instead of kept.
+type Checkpointed = Autodiff<mappa_model::backend::Cpu, BalancedCheckpointing>;
 
 #[derive(Parser, Debug)]
 struct Args {
     /// The checkpoint to train (default: SmolLM2-135M from `just models`).
     #[arg(long, default_value = mappa_benches::SMOL_DIR)]
     model: PathBuf,
-    /// Run one configuration (`full-1`, `lora-1`, `full-3`, `lora-3`) and print its JSON.
+    /// Run one configuration (`full-1`, `lora-1`, `full-3`, `lora-3`, and
+    /// `full-1-ckpt`, `lora-1-ckpt` with checkpointing) and print its JSON.
     #[arg(long)]
     child: Option<String>,
     /// Sequences per update (one micro-batch).
@@ -54,6 +60,7 @@ struct Measured {
     config: String,
     agents: usize,
     lora: bool,
+    checkpointing: bool,
     /// Seconds of one update (mean over agents).
     step_seconds: f64,
     /// Completion tokens trained per second.
@@ -82,7 +89,7 @@ fn lora() -> LoraConfig {
     LoraConfig::new(16, 32.0)
 }
 
-fn samples(learner: &AgentLearner<B>, args: &Args, vocab: usize, seed: u64) -> Vec<TrainSample> {
+fn samples<B: AutodiffModelBackend>(learner: &AgentLearner<B>, args: &Args, vocab: usize, seed: u64) -> Vec<TrainSample> {
     let mut rng = RngStream::from_u64(seed);
     let mut ids =
         |n: usize| -> Vec<u32> { (0..n).map(|_| rng.below(vocab as u64) as u32).collect() };
@@ -140,7 +147,19 @@ fn predicted(model: &TransformerConfig, agents: usize, lora: bool, args: &Args) 
 }
 
 fn child(config: &str, args: &Args) -> Measured {
-    let (kind, agents) = config.split_once('-').expect("CONFIG is full-N or lora-N");
+    match config.strip_suffix("-ckpt") {
+        Some(plain) => measure::<Checkpointed>(config, plain, true, args),
+        None => measure::<Plain>(config, config, false, args),
+    }
+}
+
+fn measure<B: AutodiffModelBackend>(
+    config: &str,
+    shape: &str,
+    checkpointing: bool,
+    args: &Args,
+) -> Measured {
+    let (kind, agents) = shape.split_once('-').expect("CONFIG is full-N or lora-N");
     let agents: usize = agents.parse().expect("agent count");
     let lora = kind == "lora";
     let own = status_kib("VmRSS:") * 1024;
@@ -193,6 +212,7 @@ fn child(config: &str, args: &Args) -> Measured {
         config: config.to_string(),
         agents,
         lora,
+        checkpointing,
         step_seconds: seconds,
         tokens_per_second: (args.batch * args.completion) as f64 / seconds,
         measured_bytes: peak.saturating_sub(own),
@@ -211,7 +231,7 @@ fn main() {
     }
     let exe = std::env::current_exe().expect("own path");
     let mut results = Vec::new();
-    for config in ["full-1", "lora-1", "full-3", "lora-3"] {
+    for config in ["full-1", "lora-1", "full-3", "lora-3", "full-1-ckpt", "lora-1-ckpt"] {
         eprintln!("== {config}");
         let out = Command::new(&exe)
             .args(["--child", config, "--model"])
