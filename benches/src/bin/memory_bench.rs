@@ -89,7 +89,12 @@ fn lora() -> LoraConfig {
     LoraConfig::new(16, 32.0)
 }
 
-fn samples<B: AutodiffModelBackend>(learner: &AgentLearner<B>, args: &Args, vocab: usize, seed: u64) -> Vec<TrainSample> {
+fn samples<B: AutodiffModelBackend>(
+    learner: &AgentLearner<B>,
+    args: &Args,
+    vocab: usize,
+    seed: u64,
+) -> Vec<TrainSample> {
     let mut rng = RngStream::from_u64(seed);
     let mut ids =
         |n: usize| -> Vec<u32> { (0..n).map(|_| rng.below(vocab as u64) as u32).collect() };
@@ -231,7 +236,14 @@ fn main() {
     }
     let exe = std::env::current_exe().expect("own path");
     let mut results = Vec::new();
-    for config in ["full-1", "lora-1", "full-3", "lora-3", "full-1-ckpt", "lora-1-ckpt"] {
+    for config in [
+        "full-1",
+        "lora-1",
+        "full-3",
+        "lora-3",
+        "full-1-ckpt",
+        "lora-1-ckpt",
+    ] {
         eprintln!("== {config}");
         let out = Command::new(&exe)
             .args(["--child", config, "--model"])
