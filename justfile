@@ -149,19 +149,20 @@ bench-backends *ARGS:
 check-gpu:
     cargo check --locked -p mappa-model -p mappa-benches -p mappa-cli --features wgpu,cuda --target-dir target/gpu-check
 
-# The HF parity tests on the CUDA backend (needs an NVIDIA GPU and driver).
+# The HF and LoRA parity tests on the CUDA backend (needs an NVIDIA GPU and driver).
 parity-cuda:
-    cargo test --release --locked -p mappa-model --features cuda --test hf_parity
+    cargo test --release --locked -p mappa-model --features cuda --test hf_parity --test lora_parity
 
-# The HF parity tests on the wgpu backend (needs a Vulkan/Metal/DX12 device).
+# The HF and LoRA parity tests on the wgpu backend (needs a Vulkan/Metal/DX12 device).
 parity-wgpu:
-    cargo test --release --locked -p mappa-model --features wgpu --test hf_parity
+    cargo test --release --locked -p mappa-model --features wgpu --test hf_parity --test lora_parity
 
-# Everything a GPU machine should check, in one go: parity on cuda and wgpu, then the speed workloads on both.
-gpu-checks:
+# Everything a GPU machine should check, in one go: parity (HF and LoRA) on cuda and wgpu, a full and a LoRA training step of SmolLM2-135M on cuda, then the speed workloads on both.
+gpu-checks: models
     just parity-cuda
     just parity-wgpu
     mkdir -p target/bench
+    cargo run --release --locked -p mappa-benches --features cuda --bin memory_bench -- --configs full-1-cuda,lora-1-cuda,lora-3-cuda --out target/bench/memory-cuda.json
     cargo run --release --locked -p mappa-benches --features cuda --bin bench_json -- --backend cuda --out target/bench/cuda.json > /dev/null
     cargo run --release --locked -p mappa-benches --features wgpu --bin bench_json -- --backend wgpu --out target/bench/wgpu.json > /dev/null
     python3 benches/compare.py target/bench/cuda.json target/bench/wgpu.json

@@ -8,8 +8,8 @@
 //! the AdamW moments exist), then resets the kernel's peak-RSS counter
 //! (`/proc/self/clear_refs`, 5) and runs one more update per agent. The
 //! measured figure is that peak (`VmHWM`) less the process's resident size
-//! before any model was loaded; the predicted one is the plan's device
-//! peak (persistent bytes plus the update phase; no rollout here).
+//! before any model was loaded; the predicted one is the plan's held bytes
+//! plus its update phase (no rollout or log-prob pass is in the window).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -21,7 +21,7 @@ use clap::Parser;
 use mappa_core::RngStream;
 use mappa_model::weights::load_transformer;
 use mappa_model::{AutodiffModelBackend, LoraConfig, Transformer, TransformerConfig};
-use mappa_train::memory::{plan, AgentShape, PlanInputs, GIB};
+use mappa_train::memory::{plan, AgentShape, Phase, PlanInputs, GIB};
 use mappa_train::{AgentLearner, LossConfig, TrainConfig, TrainSample};
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +30,9 @@ type Plain = Autodiff<mappa_model::backend::Cpu>;
 /// burn's balanced checkpointing: outputs of memory-bound operations are
 /// recomputed in the backward pass instead of kept.
 type Checkpointed = Autodiff<mappa_model::backend::Cpu, BalancedCheckpointing>;
+/// The CUDA backend (`--features cuda`): step times only.
+#[cfg(feature = "cuda")]
+type OnCuda = Autodiff<mappa_model::backend::Cuda>;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -52,6 +55,15 @@ struct Args {
     /// Write the results here as JSON.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The configurations, comma-separated: `full-N` or `lora-N` (N agents
+    /// on one base), with `-ckpt` for burn's checkpointing or `-cuda` for
+    /// the CUDA backend (a build with `--features cuda`; step time only).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt"
+    )]
+    configs: Vec<String>,
 }
 
 /// One configuration's measurement.
@@ -65,8 +77,9 @@ struct Measured {
     step_seconds: f64,
     /// Completion tokens trained per second.
     tokens_per_second: f64,
-    /// Peak resident bytes during the measured updates, less the program's own.
-    measured_bytes: u64,
+    /// Peak resident bytes during the measured updates, less the program's
+    /// own (none on a GPU, whose memory the process's RSS does not show).
+    measured_bytes: Option<u64>,
     /// The memory plan's peak for the same shapes.
     predicted_bytes: u64,
 }
@@ -136,26 +149,32 @@ fn predicted(model: &TransformerConfig, agents: usize, lora: bool, args: &Args) 
                 role: format!("agent{i}"),
                 model: model.clone(),
                 base: "base".into(),
-                device: 0,
                 prompt_tokens: args.prompt,
+                actions_per_step: args.batch,
             })
             .collect(),
         lora: lora.then(self::lora),
         micro_batch: args.batch,
         completion_tokens: args.completion,
-        rollout_batch: None,
+        rollout_batch: args.batch,
         capacity: None,
-        devices: 1,
-        engine_reserve: Default::default(),
     };
-    plan(&inputs).devices[0].peak()
+    // What the measured window holds: the held bytes and one update.
+    let plan = plan(&inputs);
+    plan.phase(Phase::Held) + plan.phase(Phase::Update)
 }
 
 fn child(config: &str, args: &Args) -> Measured {
-    match config.strip_suffix("-ckpt") {
-        Some(plain) => measure::<Checkpointed>(config, plain, true, args),
-        None => measure::<Plain>(config, config, false, args),
+    if let Some(plain) = config.strip_suffix("-ckpt") {
+        return measure::<Checkpointed>(config, plain, true, args);
     }
+    if let Some(plain) = config.strip_suffix("-cuda") {
+        #[cfg(feature = "cuda")]
+        return measure::<OnCuda>(config, plain, false, args);
+        #[cfg(not(feature = "cuda"))]
+        panic!("{config}: this build has no CUDA backend (build with --features cuda; {plain} runs on the CPU)");
+    }
+    measure::<Plain>(config, config, false, args)
 }
 
 fn measure<B: AutodiffModelBackend>(
@@ -211,8 +230,10 @@ fn measure<B: AutodiffModelBackend>(
     for (learner, batch) in learners.iter_mut().zip(&batches) {
         learner.train_step(batch, &loss).expect("update");
     }
+    B::sync(&device).expect("waiting for the device");
     let seconds = start.elapsed().as_secs_f64() / agents as f64;
-    let peak = status_kib("VmHWM:") * 1024;
+    let on_cpu = !config.ends_with("-cuda");
+    let peak = on_cpu.then(|| (status_kib("VmHWM:") * 1024).saturating_sub(own));
     Measured {
         config: config.to_string(),
         agents,
@@ -220,7 +241,7 @@ fn measure<B: AutodiffModelBackend>(
         checkpointing,
         step_seconds: seconds,
         tokens_per_second: (args.batch * args.completion) as f64 / seconds,
-        measured_bytes: peak.saturating_sub(own),
+        measured_bytes: peak,
         predicted_bytes: predicted(&model_config, agents, lora, args),
     }
 }
@@ -236,17 +257,10 @@ fn main() {
     }
     let exe = std::env::current_exe().expect("own path");
     let mut results = Vec::new();
-    for config in [
-        "full-1",
-        "lora-1",
-        "full-3",
-        "lora-3",
-        "full-1-ckpt",
-        "lora-1-ckpt",
-    ] {
+    for config in &args.configs {
         eprintln!("== {config}");
         let out = Command::new(&exe)
-            .args(["--child", config, "--model"])
+            .args(["--child", config.as_str(), "--model"])
             .arg(&args.model)
             .args([
                 "--batch",
@@ -275,15 +289,22 @@ fn main() {
     println!("| config | step s | tok/s | peak measured GiB | plan GiB | plan error |");
     println!("|---|---:|---:|---:|---:|---:|");
     for m in &results {
-        let error = m.predicted_bytes as f64 / m.measured_bytes as f64 - 1.0;
+        let (measured, error) = match m.measured_bytes {
+            Some(b) => (
+                format!("{:.3}", b as f64 / GIB),
+                format!(
+                    "{:+.1}%",
+                    100.0 * (m.predicted_bytes as f64 / b as f64 - 1.0)
+                ),
+            ),
+            None => ("-".into(), "-".into()),
+        };
         println!(
-            "| {} | {:.2} | {:.0} | {:.3} | {:.3} | {:+.1}% |",
+            "| {} | {:.2} | {:.0} | {measured} | {:.3} | {error} |",
             m.config,
             m.step_seconds,
             m.tokens_per_second,
-            m.measured_bytes as f64 / GIB,
             m.predicted_bytes as f64 / GIB,
-            100.0 * error
         );
     }
     if let Some(out) = &args.out {

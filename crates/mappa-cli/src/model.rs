@@ -108,7 +108,12 @@ pub struct MergeLoraArgs {
 
 /// Folds a LoRA adapter into its base and saves a plain HF checkpoint.
 pub fn merge_lora(args: &MergeLoraArgs) -> anyhow::Result<()> {
-    if args.out == args.base {
+    let same = |a: &std::path::Path, b: &std::path::Path| match (a.canonicalize(), b.canonicalize())
+    {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if same(&args.out, &args.base) {
         bail!(
             "the merged checkpoint would overwrite its base `{}`: choose another output directory",
             args.base.display()

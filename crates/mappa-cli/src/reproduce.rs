@@ -151,7 +151,9 @@ fn print_plan(
             println!("memory plan:");
             print!("{}", memory.render());
             match memory.check() {
-                Ok(()) if planned.devices.is_some() => println!("  fits the declared [devices]."),
+                Ok(()) if planned.devices.is_some() => {
+                    println!("  fits the declared [devices] memory.")
+                }
                 Ok(()) => println!("  (declare [devices] memory_gib to have the plan checked)"),
                 Err(e) => println!("  DOES NOT FIT: {e}"),
             }
@@ -159,7 +161,7 @@ fn print_plan(
         Err(e) => println!("memory plan: not available ({e})"),
     }
     if missing.is_empty() {
-        println!("everything the run needs is present.");
+        println!("everything else the run needs is present.");
     } else {
         println!("missing before it can run:");
         for (what, how) in missing {
@@ -218,6 +220,7 @@ pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
     if !missing.is_empty() {
         return Err(missing_error(&manifest, &missing));
     }
+    crate::rundir::check_memory(&planned)?;
     if manifest.study.is_some() {
         let dir = crate::study::run_study(
             &manifest,

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
 use burn::backend::Autodiff;
-use mappa_train::manifest::{lock, run_id, BackendKind, Manifest};
+use mappa_train::manifest::{lock, results_relevant, run_id, BackendKind, Manifest};
 use mappa_train::run::{run, RunEnd, RunOptions};
 use serde_json::Value;
 
@@ -67,7 +67,9 @@ pub fn prepare(
                     dir.display()
                 )
             })?;
-        if old["manifest"] != lock["manifest"] || old["resolved"] != lock["resolved"] {
+        if results_relevant(&old["manifest"]) != results_relevant(&lock["manifest"])
+            || old["resolved"] != lock["resolved"]
+        {
             bail!(
                 "{}: the manifest or its files changed since the run started; start a new run instead",
                 dir.display()
@@ -105,15 +107,34 @@ fn write_lock(dir: &Path, lock: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The manifest's memory plan (`mappa_train::memory`), for the workflow's agents.
+/// The manifest's memory plan (`mappa_train::memory`), for the workflow's
+/// agents and the number of held-out tasks (generated tasks are made in a
+/// scratch directory for the count).
 pub fn memory_plan(manifest: &Manifest) -> anyhow::Result<mappa_train::memory::MemoryPlan> {
     let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
-    let roles: Vec<String> = workflow.agents.iter().map(|a| a.role.clone()).collect();
-    Ok(manifest.memory_plan(&roles)?)
+    let agents: Vec<(String, usize)> = workflow
+        .agents
+        .iter()
+        .map(|a| (a.role.clone(), a.max_actions))
+        .collect();
+    let scratch = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
+    let tasks = mappa_train::run::load_tasks(manifest, scratch.path())?;
+    Ok(manifest.memory_plan(&agents, tasks.eval.len())?)
+}
+
+/// With `[devices]` declared: prints the memory plan, and refuses one that
+/// does not fit before anything is written.
+pub fn check_memory(manifest: &Manifest) -> anyhow::Result<()> {
+    if manifest.devices.is_none() {
+        return Ok(());
+    }
+    let plan = memory_plan(manifest)?;
+    eprint!("memory plan:\n{}", plan.render());
+    plan.check()
+        .map_err(|e| anyhow!("{}: {e}; nothing was run", manifest.name))
 }
 
 /// Train the manifest in `run_dir` on its backend and say how it ended.
-/// A memory plan that does not fit the declared `[devices]` stops it first.
 pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> anyhow::Result<()> {
     if !backend_available(manifest.backend) {
         bail!(
@@ -121,12 +142,6 @@ pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> any
             feature_name(manifest.backend)
         );
     }
-    let plan = memory_plan(manifest)?;
-    if manifest.devices.is_some() {
-        eprint!("memory plan:\n{}", plan.render());
-    }
-    plan.check()
-        .map_err(|e| anyhow!("{}: {e}; nothing was run", manifest.name))?;
     eprintln!("run directory: {}", run_dir.display());
     let end: RunEnd = match manifest.backend {
         BackendKind::Cpu => run::<Autodiff<mappa_model::backend::Cpu>>(

@@ -149,7 +149,7 @@ fn saved_adapters_are_peft_files_with_the_same_tensors() {
         names.sort();
         names
     };
-    // PEFT saved f32: the round trip through mappa is byte-identical.
+    // PEFT saved f32: every tensor comes back with the same name, shape and bytes.
     assert_eq!(read(dir.path()), read(&fixture));
     let config: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("adapter_config.json")).unwrap(),

@@ -162,7 +162,7 @@ pub fn save_checkpoint<B: AutodiffModelBackend>(
         std::fs::create_dir_all(&agent_dir).map_err(|e| ck_err(&agent_dir, e))?;
         match learner.policy().lora_config() {
             // The frozen base is the run's base model, like the reference.
-            Some(_) => save_adapters(learner.policy(), &agent_dir, learner.name()),
+            Some(_) => save_adapters(learner.policy(), &agent_dir, learner.base_model()),
             None => save_transformer(learner.policy(), &agent_dir, StorageDtype::F32),
         }
         .map_err(|e| ck_err(&agent_dir, e))?;

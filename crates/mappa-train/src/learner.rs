@@ -79,6 +79,7 @@ pub struct AgentLearner<B: AutodiffModelBackend> {
     optimizer: OptimizerAdaptor<AdamW, Transformer<B>, B>,
     config: TrainConfig,
     step: usize,
+    base_model: String,
 }
 
 impl<B: AutodiffModelBackend> AgentLearner<B> {
@@ -116,7 +117,20 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             optimizer,
             config,
             step: 0,
+            base_model: String::new(),
         })
+    }
+
+    /// Names the checkpoint the policy started from (written as the base
+    /// of saved LoRA adapters, `base_model_name_or_path`).
+    pub fn with_base_model(mut self, base_model: impl Into<String>) -> Self {
+        self.base_model = base_model.into();
+        self
+    }
+
+    /// The checkpoint the policy started from, when the caller named it.
+    pub fn base_model(&self) -> &str {
+        &self.base_model
     }
 
     /// The agent's name.

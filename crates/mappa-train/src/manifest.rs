@@ -137,8 +137,9 @@ pub struct RolloutSpec {
     /// Mask actions cut off at `max_new_tokens` out of the loss (the paper: true).
     #[serde(default = "yes")]
     pub mask_truncated: bool,
-    /// The longest prompt an agent sees, in tokens, for the memory plan
-    /// (none: 512 plus `max_new_tokens` per earlier agent in the chain).
+    /// The longest prompt an agent sees, in tokens, as the memory plan
+    /// assumes it (none: 512 plus `max_new_tokens` per earlier agent in the
+    /// chain); nothing cuts prompts to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_prompt_tokens: Option<usize>,
 }
@@ -220,7 +221,7 @@ pub struct Manifest {
     /// An optional supervised warm start.
     #[serde(default)]
     pub warm_start: Option<WarmStart>,
-    /// The devices of the run and what they hold, for the memory plan.
+    /// The device's memory, for the memory plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<DevicesSpec>,
     /// The arms and seeds `mappa reproduce` runs and compares (its runs
@@ -229,33 +230,12 @@ pub struct Manifest {
     pub study: Option<Study>,
 }
 
-/// The devices a run declares (`[devices]`): what the memory plan checks against.
+/// The device a run declares (`[devices]`): what the memory plan checks
+/// against. Today's trainer runs on one device.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DevicesSpec {
-    /// Memory of each device, in GiB.
-    pub memory_gib: f64,
-    /// How many devices of that size.
-    #[serde(default = "one_usize")]
-    pub count: usize,
-    /// The device (0-based) each agent trains on; unnamed agents use device 0.
-    #[serde(default)]
-    pub agents: BTreeMap<String, usize>,
-    /// The inference engine that generates rollouts (none: the trainer
-    /// generates them itself, with a KV cache on each agent's device).
-    #[serde(default)]
-    pub engine: Option<EngineSpec>,
-}
-
-/// Where the inference engine runs and what it reserves.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EngineSpec {
-    /// Its device (0-based), or none when it runs on another machine.
-    #[serde(default)]
-    pub device: Option<usize>,
-    /// GiB it reserves there (vLLM: `--gpu-memory-utilization` times the device's memory).
-    #[serde(default)]
+    /// The device's memory, in GiB.
     pub memory_gib: f64,
 }
 
@@ -492,87 +472,62 @@ impl Manifest {
                     devices.memory_gib
                 ));
             }
-            if devices.count == 0 {
-                return Err("devices.count: expected at least 1".into());
-            }
-            for (role, &d) in &devices.agents {
-                if d >= devices.count {
-                    return Err(format!(
-                        "devices.agents.{role} = {d}: expected a device below devices.count = {}",
-                        devices.count
-                    ));
-                }
-                if !self.models.contains_key(role) {
-                    return Err(format!("devices.agents.{role}: no such role in [models]"));
-                }
-            }
-            if let Some(engine) = &devices.engine {
-                if engine.device.is_some_and(|d| d >= devices.count) {
-                    return Err(format!(
-                        "devices.engine.device = {}: expected a device below devices.count = {}",
-                        engine.device.unwrap_or_default(),
-                        devices.count
-                    ));
-                }
-                if !(engine.memory_gib.is_finite() && engine.memory_gib >= 0.0) {
-                    return Err("devices.engine.memory_gib: expected a number >= 0".into());
-                }
-            }
         }
         Ok(())
     }
 
     /// The run's memory plan ([`crate::memory`]), from each role's
-    /// `config.json` (or `plan_config` when the checkpoint is absent), in
-    /// the workflow's agent order.
-    pub fn memory_plan(&self, roles: &[String]) -> Result<crate::memory::MemoryPlan, TrainError> {
+    /// `config.json` (or `plan_config` when the checkpoint is absent).
+    /// `agents` are the workflow's roles in order with their most actions
+    /// per trajectory; `eval_tasks` is the number of held-out tasks.
+    pub fn memory_plan(
+        &self,
+        agents: &[(String, usize)],
+        eval_tasks: usize,
+    ) -> Result<crate::memory::MemoryPlan, TrainError> {
         use crate::memory::{AgentShape, PlanInputs, GIB};
-        let devices = self.devices.as_ref();
-        let mut agents = Vec::new();
-        for (index, role) in roles.iter().enumerate() {
+        let r = &self.rollout;
+        let trajectories = r.prompts_per_step * r.samples_per_prompt;
+        let mut shapes = Vec::new();
+        for (index, (role, max_actions)) in agents.iter().enumerate() {
             let spec = self
                 .models
                 .get(role)
                 .ok_or_else(|| TrainError::Config(format!("models: no model for role {role:?}")))?;
             let in_checkpoint = spec.path.join("config.json");
             let config_path = match (&spec.plan_config, in_checkpoint.exists()) {
-                (_, true) => in_checkpoint,
                 (Some(plan), false) => plan.clone(),
-                (None, false) => in_checkpoint,
+                _ => in_checkpoint,
             };
             let model = mappa_model::TransformerConfig::from_hf_file(&config_path)
                 .map_err(|e| TrainError::model_at(&config_path, e))?;
-            agents.push(AgentShape {
+            // The runner shares a model between roles that load the same
+            // checkpoint and seed; a warm start gives each role its own.
+            let base = match (&self.warm_start, spec.init_seed) {
+                (Some(_), _) => format!("{} (warm-started for {role})", dir_name(&spec.path)),
+                (None, Some(seed)) => format!("{} (seed {seed})", dir_name(&spec.path)),
+                (None, None) => dir_name(&spec.path),
+            };
+            shapes.push(AgentShape {
                 role: role.clone(),
                 model,
-                base: spec.path.display().to_string(),
-                device: devices
-                    .and_then(|d| d.agents.get(role).copied())
-                    .unwrap_or(0),
-                prompt_tokens: self
-                    .rollout
+                base,
+                prompt_tokens: r
                     .max_prompt_tokens
-                    .unwrap_or(512 + index * self.rollout.max_new_tokens),
+                    .unwrap_or(512 + index * r.max_new_tokens),
+                actions_per_step: trajectories * max_actions,
             });
         }
-        let engine = devices.and_then(|d| d.engine.as_ref());
-        let rollout_batch = match engine {
-            Some(_) => None,
-            None => Some(self.rollout.prompts_per_step * self.rollout.samples_per_prompt),
-        };
-        let engine_reserve = engine
-            .and_then(|e| e.device.map(|d| (d, (e.memory_gib * GIB) as u64)))
-            .into_iter()
-            .collect();
         Ok(crate::memory::plan(&PlanInputs {
-            agents,
+            agents: shapes,
             lora: self.train.lora.clone(),
             micro_batch: self.train.micro_batch_size,
-            completion_tokens: self.rollout.max_new_tokens,
-            rollout_batch,
-            capacity: devices.map(|d| (d.memory_gib * GIB) as u64),
-            devices: devices.map_or(1, |d| d.count),
-            engine_reserve,
+            completion_tokens: r.max_new_tokens,
+            rollout_batch: trajectories.max(eval_tasks * self.eval.samples),
+            capacity: self
+                .devices
+                .as_ref()
+                .map(|d| (d.memory_gib * GIB).min(u64::MAX as f64) as u64),
         }))
     }
 
@@ -595,6 +550,14 @@ impl Manifest {
         let data = self.data.family().resolve()?;
         Ok(json!({ "workflow_sha256": workflow, "models_sha256": models, "data_sha256": data }))
     }
+}
+
+/// The last component of a model path (how plans name a model).
+fn dir_name(path: &Path) -> String {
+    path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// The code version: git commit and whether the tree is dirty (when in a git checkout).
@@ -630,11 +593,37 @@ pub fn lock(manifest: &Manifest, resolved: Value, source_dir: &Path) -> Value {
 }
 
 /// The run id: the sha256 of the lock's canonical JSON without the machine
-/// record, so that the same experiment has the same id on every machine.
+/// record and the manifest's plan-only keys ([`results_relevant`]), so that
+/// the same experiment has the same id on every machine.
 pub fn run_id(lock: &Value) -> String {
     let mut lock = lock.clone();
     if let Some(object) = lock.as_object_mut() {
         object.remove("machine");
+        if let Some(manifest) = object.get_mut("manifest") {
+            *manifest = results_relevant(manifest);
+        }
     }
     sha256_hex(lock.to_string().as_bytes())
+}
+
+/// A locked manifest without the keys that only feed the memory plan
+/// (`devices`, `rollout.max_prompt_tokens`, `models.*.plan_config`): they
+/// change no result, so they change neither the run id nor whether a run
+/// may be resumed.
+pub fn results_relevant(manifest: &Value) -> Value {
+    let mut manifest = manifest.clone();
+    if let Some(m) = manifest.as_object_mut() {
+        m.remove("devices");
+        if let Some(rollout) = m.get_mut("rollout").and_then(Value::as_object_mut) {
+            rollout.remove("max_prompt_tokens");
+        }
+        if let Some(models) = m.get_mut("models").and_then(Value::as_object_mut) {
+            for model in models.values_mut() {
+                if let Some(model) = model.as_object_mut() {
+                    model.remove("plan_config");
+                }
+            }
+        }
+    }
+    manifest
 }

@@ -485,7 +485,9 @@ fn lora_learner(lr: f64, total: usize) -> AgentLearner<B> {
         lora: Some(lora),
         ..config(lr, total, 2)
     };
-    AgentLearner::new("solver", policy, config).unwrap()
+    AgentLearner::new("solver", policy, config)
+        .unwrap()
+        .with_base_model("fixtures/models/qwen3-tiny")
 }
 
 #[test]
@@ -548,6 +550,13 @@ fn resuming_a_lora_learner_is_bit_identical() {
     let agent = ck.join("agents/solver");
     assert!(agent.join("adapter_model.safetensors").exists());
     assert!(!agent.join("model.safetensors").exists());
+    let peft: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(agent.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        peft["base_model_name_or_path"],
+        "fixtures/models/qwen3-tiny"
+    );
     let mut resumed = vec![lora_learner(1e-3, total)];
     load_checkpoint(&ck, &mut resumed).unwrap();
     run_steps(&mut resumed[0], 2, total);

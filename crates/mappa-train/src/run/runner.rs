@@ -165,11 +165,10 @@ where
             }
             let tokenizer = HfTokenizer::from_dir(&path).map_err(model_err)?;
             let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(model_err)?;
-            learners.push(AgentLearner::new(
-                &agent.role,
-                policy,
-                manifest.train.clone(),
-            )?);
+            learners.push(
+                AgentLearner::new(&agent.role, policy, manifest.train.clone())?
+                    .with_base_model(path.display().to_string()),
+            );
             models.push(AgentModel {
                 tokenizer,
                 template,
