@@ -143,7 +143,8 @@ fn reproduce_aime_plans_and_names_what_is_missing() {
             // The memory plan, from the architecture in experiments/model-configs/.
             "memory plan:",
             "base weights Qwen3-4B-Thinking-2507 (frozen)",
-            "log-prob pass over a step's 64 actions",
+            "log-prob pass, 1 sequences at a time",
+            "generation of 4 sequences",
             "LoRA adapters (rank 32)",
             "saved activations (micro-batch 1)",
             "of 80.00 GiB",

@@ -40,6 +40,12 @@ pub struct TrainConfig {
     pub micro_batch_size: usize,
     /// Temperature of the log-probs (the rollout's sampling temperature).
     pub logprob_temperature: f64,
+    /// Most sequences per log-prob pass without a gradient (the rollout
+    /// policy's and the reference's log-probs of a step's actions); none:
+    /// all of an agent's actions in one batch. Bounds that pass's memory; a
+    /// bound changes the last bits, so results differ from unbounded runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprob_batch_size: Option<usize>,
     /// LoRA adapters on a frozen base (`[train.lora]`); none: full fine-tuning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
@@ -62,6 +68,7 @@ impl Default for TrainConfig {
             dual_clip: None,
             micro_batch_size: 4,
             logprob_temperature: 1.0,
+            logprob_batch_size: None,
             lora: None,
         }
     }
@@ -136,6 +143,11 @@ impl TrainConfig {
             "a finite number > 1",
         )?;
         check(self.micro_batch_size > 0, "micro_batch_size", "at least 1")?;
+        check(
+            self.logprob_batch_size.is_none_or(|b| b > 0),
+            "logprob_batch_size",
+            "at least 1",
+        )?;
         check(
             self.logprob_temperature.is_finite() && self.logprob_temperature > 0.0,
             "logprob_temperature",

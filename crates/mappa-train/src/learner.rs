@@ -174,16 +174,30 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
 
     /// Teacher-forced log-probs of `(prompt, completion)` pairs under the
     /// current policy (no gradient): the "old" log-probs of a fresh rollout.
+    /// In batches of at most `logprob_batch_size` pairs.
     pub fn policy_logprobs(&self, pairs: &[(&[u32], &[u32])]) -> Result<Vec<Vec<f32>>, TrainError> {
-        logprobs(&self.policy.valid(), pairs, self.config.logprob_temperature)
+        self.batched_logprobs(&self.policy.valid(), pairs)
     }
 
-    /// Teacher-forced log-probs under the frozen reference.
+    /// Teacher-forced log-probs under the frozen reference, batched the same way.
     pub fn reference_logprobs(
         &self,
         pairs: &[(&[u32], &[u32])],
     ) -> Result<Vec<Vec<f32>>, TrainError> {
-        logprobs(&self.reference, pairs, self.config.logprob_temperature)
+        self.batched_logprobs(&self.reference, pairs)
+    }
+
+    fn batched_logprobs(
+        &self,
+        model: &Transformer<B::InnerBackend>,
+        pairs: &[(&[u32], &[u32])],
+    ) -> Result<Vec<Vec<f32>>, TrainError> {
+        let chunk = self.config.logprob_batch_size.unwrap_or(pairs.len()).max(1);
+        let mut out = Vec::with_capacity(pairs.len());
+        for pairs in pairs.chunks(chunk) {
+            out.extend(logprobs(model, pairs, self.config.logprob_temperature)?);
+        }
+        Ok(out)
     }
 
     /// Every sample's per-token vectors must match its completion.

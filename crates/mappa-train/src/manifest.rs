@@ -137,6 +137,12 @@ pub struct RolloutSpec {
     /// Mask actions cut off at `max_new_tokens` out of the loss (the paper: true).
     #[serde(default = "yes")]
     pub mask_truncated: bool,
+    /// Most sequences an agent generates together, in training and
+    /// evaluation (none: all of a turn's requests in one batch). Bounds the
+    /// KV cache and prompt-pass memory; a bound changes the last bits of
+    /// the logits, so results differ from unbounded runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch: Option<usize>,
     /// The longest prompt an agent sees, in tokens, as the memory plan
     /// assumes it (none: 512 plus `max_new_tokens` per earlier agent in the
     /// chain); nothing cuts prompts to it.
@@ -446,6 +452,7 @@ impl Manifest {
             (r.samples_per_prompt, "rollout.samples_per_prompt"),
             (r.max_new_tokens, "rollout.max_new_tokens"),
             (r.checkpoint_every, "rollout.checkpoint_every"),
+            (r.max_batch.unwrap_or(1), "rollout.max_batch"),
             (self.eval.samples, "eval.samples"),
         ] {
             if value == 0 {
@@ -515,7 +522,12 @@ impl Manifest {
                 prompt_tokens: r
                     .max_prompt_tokens
                     .unwrap_or(512 + index * r.max_new_tokens),
-                actions_per_step: trajectories * max_actions,
+                actions_per_step: {
+                    let all = trajectories * max_actions;
+                    self.train
+                        .logprob_batch_size
+                        .map_or(all, |bound| all.min(bound))
+                },
             });
         }
         Ok(crate::memory::plan(&PlanInputs {
@@ -523,7 +535,10 @@ impl Manifest {
             lora: self.train.lora.clone(),
             micro_batch: self.train.micro_batch_size,
             completion_tokens: r.max_new_tokens,
-            rollout_batch: trajectories.max(eval_tasks * self.eval.samples),
+            rollout_batch: {
+                let all = trajectories.max(eval_tasks * self.eval.samples);
+                r.max_batch.map_or(all, |bound| all.min(bound))
+            },
             capacity: self
                 .devices
                 .as_ref()

@@ -72,7 +72,8 @@ pub struct AgentShape {
     pub base: String,
     /// The longest prompt it sees, in tokens.
     pub prompt_tokens: usize,
-    /// Its actions in one training step (one log-prob pass holds them all).
+    /// Sequences in one log-prob pass: its actions of a training step, or
+    /// fewer when `train.logprob_batch_size` bounds the pass.
     pub actions_per_step: usize,
 }
 
@@ -88,7 +89,7 @@ pub struct PlanInputs {
     /// Most new tokens per action.
     pub completion_tokens: usize,
     /// Sequences an agent generates together: the larger of a training
-    /// step's and an evaluation's.
+    /// step's and an evaluation's, or fewer when `rollout.max_batch` bounds them.
     pub rollout_batch: usize,
     /// The device's memory in bytes (none: not declared, not checked).
     pub capacity: Option<u64>,
@@ -353,7 +354,7 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
                     .iter()
                     .find(|a| a.role == role)
                     .map_or(0, |a| a.actions_per_step);
-                format!("{role}: log-prob pass over a step's {n} actions (no gradient)")
+                format!("{role}: log-prob pass, {n} sequences at a time (no gradient)")
             }
             Phase::Rollout => format!(
                 "{role}: generation of {} sequences (KV cache, prompt pass)",
@@ -577,7 +578,10 @@ mod tests {
             a.actions_per_step = 256;
         }
         let err = plan(&many).check().unwrap_err();
-        assert!(err.contains("log-prob pass"), "{err}");
+        assert!(
+            err.contains("log-prob pass, 256 sequences at a time"),
+            "{err}"
+        );
         assert!(err.contains("fewer actions per step"), "{err}");
     }
 

@@ -20,6 +20,7 @@ pub struct ModelPolicy<'a, B: Backend> {
     template: &'a ChatTemplate,
     generation: GenerationConfig,
     seeds: SeedTree,
+    max_batch: Option<usize>,
 }
 
 impl<'a, B: Backend> ModelPolicy<'a, B> {
@@ -43,7 +44,17 @@ impl<'a, B: Backend> ModelPolicy<'a, B> {
             template,
             generation,
             seeds,
+            max_batch: None,
         }
+    }
+
+    /// Generates at most `max_batch` sequences together (none: every
+    /// request of a call in one batch). Bounds the KV cache and prompt-pass
+    /// memory; other batch shapes change the last bits of the logits, so
+    /// results differ from unbounded batches.
+    pub fn with_max_batch(mut self, max_batch: Option<usize>) -> Self {
+        self.max_batch = max_batch;
+        self
     }
 }
 
@@ -80,14 +91,20 @@ where
             .map(|r| self.seeds.stream(&r.stream))
             .collect();
         let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
-        let generations = generate(
-            &model,
-            Some(self.tokenizer),
-            &prompts,
-            &mut rngs,
-            &self.generation,
-        )
-        .map_err(policy_err)?;
+        let chunk = self.max_batch.unwrap_or(prompts.len()).max(1);
+        let mut generations = Vec::with_capacity(prompts.len());
+        for (prompts, rngs) in prompts.chunks(chunk).zip(rngs.chunks_mut(chunk)) {
+            generations.extend(
+                generate(
+                    &model,
+                    Some(self.tokenizer),
+                    prompts,
+                    rngs,
+                    &self.generation,
+                )
+                .map_err(policy_err)?,
+            );
+        }
         Ok(prompts
             .into_iter()
             .zip(generations)
@@ -99,5 +116,57 @@ where
                 logprobs: g.logprobs,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mappa_agents::Message;
+    use mappa_model::weights::load_transformer;
+    use mappa_model::Cpu;
+    use std::path::PathBuf;
+
+    fn fixture() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/models/qwen3-tiny")
+    }
+
+    fn requests() -> Vec<PolicyRequest> {
+        ["Add 2 and 3.", "What is 7 times 8?", "Name a prime."]
+            .iter()
+            .enumerate()
+            .map(|(i, text)| PolicyRequest {
+                messages: vec![Message::new("user", *text)],
+                stream: format!("test/{i}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn bounded_batches_are_the_unbounded_calls_on_each_chunk() {
+        let model: Transformer<Cpu> = load_transformer(&fixture(), &Default::default()).unwrap();
+        let tokenizer = HfTokenizer::from_dir(&fixture()).unwrap();
+        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+        let policy = |max_batch| {
+            ModelPolicy::new(
+                "solver",
+                model.clone(),
+                &tokenizer,
+                &template,
+                GenerationConfig::greedy(6),
+                SeedTree::new(3),
+            )
+            .with_max_batch(max_batch)
+        };
+        let all = requests();
+        let bounded = policy(Some(2)).generate(&all).unwrap();
+        let mut expected = policy(None).generate(&all[..2]).unwrap();
+        expected.extend(policy(None).generate(&all[2..]).unwrap());
+        assert_eq!(bounded.len(), 3);
+        for (b, e) in bounded.iter().zip(&expected) {
+            assert_eq!(b.prompt_ids, e.prompt_ids);
+            assert_eq!(b.completion_ids, e.completion_ids);
+            assert_eq!(b.logprobs, e.logprobs);
+        }
     }
 }

@@ -566,3 +566,28 @@ fn resuming_a_lora_learner_is_bit_identical() {
         "adapters differ after resume"
     );
 }
+
+#[test]
+fn bounded_log_prob_batches_are_the_unbounded_calls_on_each_chunk() {
+    let learner = AgentLearner::new("solver", model(), config(1e-3, 4, 2)).unwrap();
+    let batch = samples(&learner, 8, &[1.0, -0.5, 0.25]);
+    let pairs: Vec<(&[u32], &[u32])> = batch
+        .iter()
+        .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
+        .collect();
+    let bounded = AgentLearner::new(
+        "solver",
+        learner.policy().clone(),
+        TrainConfig {
+            logprob_batch_size: Some(2),
+            ..config(1e-3, 4, 2)
+        },
+    )
+    .unwrap();
+    let mut expected = learner.policy_logprobs(&pairs[..2]).unwrap();
+    expected.extend(learner.policy_logprobs(&pairs[2..]).unwrap());
+    assert_eq!(bounded.policy_logprobs(&pairs).unwrap(), expected);
+    let mut expected = learner.reference_logprobs(&pairs[..2]).unwrap();
+    expected.extend(learner.reference_logprobs(&pairs[2..]).unwrap());
+    assert_eq!(bounded.reference_logprobs(&pairs).unwrap(), expected);
+}

@@ -240,6 +240,7 @@ where
                     self.generation(temperature),
                     seeds,
                 )
+                .with_max_batch(self.manifest.rollout.max_batch)
             })
             .collect();
         let work = self.dir.work().join(stream.replace('/', "-"));
