@@ -10,6 +10,13 @@
 //! measured figure is that peak (`VmHWM`) less the process's resident size
 //! before any model was loaded; the predicted one is the plan's held bytes
 //! plus its update phase (no rollout or log-prob pass is in the window).
+//!
+//! Two more configurations check the plan's inference phases, without
+//! autodiff: `logprob-N` (the log-probs of N sequences in one pass, as the
+//! trainer's old and reference log-probs) and `generate-N` (N sequences
+//! generated together, greedily, to the completion length); each is
+//! measured after one warm-up call, against the weights plus the plan's
+//! log-prob or rollout phase.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -57,11 +64,12 @@ struct Args {
     out: Option<PathBuf>,
     /// The configurations, comma-separated: `full-N` or `lora-N` (N agents
     /// on one base), with `-ckpt` for burn's checkpointing or `-cuda` for
-    /// the CUDA backend (a build with `--features cuda`; step time only).
+    /// the CUDA backend (a build with `--features cuda`; step time only);
+    /// `logprob-N` and `generate-N` (inference phases of N sequences).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt"
+        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt,logprob-16,generate-16"
     )]
     configs: Vec<String>,
 }
@@ -165,6 +173,12 @@ fn predicted(model: &TransformerConfig, agents: usize, lora: bool, args: &Args) 
 }
 
 fn child(config: &str, args: &Args) -> Measured {
+    if let Some(n) = config.strip_prefix("logprob-") {
+        return inference(config, n.parse().expect("logprob-N"), false, args);
+    }
+    if let Some(n) = config.strip_prefix("generate-") {
+        return inference(config, n.parse().expect("generate-N"), true, args);
+    }
     if let Some(plain) = config.strip_suffix("-ckpt") {
         return measure::<Checkpointed>(config, plain, true, args);
     }
@@ -175,6 +189,57 @@ fn child(config: &str, args: &Args) -> Measured {
         panic!("{config}: this build has no CUDA backend (build with --features cuda; {plain} runs on the CPU)");
     }
     measure::<Plain>(config, config, false, args)
+}
+
+/// One inference phase of `n` sequences: a log-prob pass, or generation.
+fn inference(config: &str, n: usize, generating: bool, args: &Args) -> Measured {
+    use mappa_model::{completion_logprobs, generate_greedy, GenerationConfig};
+    let own = status_kib("VmRSS:") * 1024;
+    let model: Transformer<mappa_model::Cpu> = load_transformer(&args.model, &Default::default())
+        .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
+    let shape = model.config().clone();
+    let mut rng = RngStream::from_u64(7);
+    let mut ids = |len: usize| -> Vec<u32> {
+        (0..len)
+            .map(|_| rng.below(shape.vocab_size as u64) as u32)
+            .collect()
+    };
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = (0..n)
+        .map(|_| (ids(args.prompt), ids(args.completion)))
+        .collect();
+    let prompts: Vec<Vec<u32>> = pairs.iter().map(|(p, _)| p.clone()).collect();
+    let mut config_gen = GenerationConfig::greedy(args.completion);
+    // Random prompts: run to the full length, whatever is sampled.
+    config_gen.eos_token_ids = Vec::new();
+    let run = || {
+        if generating {
+            generate_greedy(&model, None, &prompts, &config_gen).expect("generation");
+        } else {
+            completion_logprobs(&model, &pairs, 1.0).expect("log-probs");
+        }
+    };
+    run();
+    reset_peak();
+    let start = Instant::now();
+    run();
+    let seconds = start.elapsed().as_secs_f64();
+    let peak = (status_kib("VmHWM:") * 1024).saturating_sub(own);
+    let x = &shape;
+    let phase = if generating {
+        mappa_train::memory::rollout_bytes(x, n, args.prompt, args.completion)
+    } else {
+        mappa_train::memory::logprob_pass_bytes(x, n, args.prompt, args.completion)
+    };
+    Measured {
+        config: config.to_string(),
+        agents: 1,
+        lora: false,
+        checkpointing: false,
+        step_seconds: seconds,
+        tokens_per_second: (n * args.completion) as f64 / seconds,
+        measured_bytes: Some(peak),
+        predicted_bytes: 4 * shape.num_params() as u64 + phase,
+    }
 }
 
 fn measure<B: AutodiffModelBackend>(

@@ -35,12 +35,13 @@
 //!   micro-batch: the rotary tables (2 (`H` + `Hkv`) `d` per token), the
 //!   additive attention bias (`H S^2` per sequence), the embeddings and
 //!   final norm (3 `h` per token) and the completion columns' logits and
-//!   log-softmax (2 `C V` per sequence); while one layer runs, its raw and
-//!   biased scores (2 `H S^2` per sequence).
+//!   log-softmax (2 `C V` per sequence); while one layer runs, its scores
+//!   (`H S^2` per sequence: the bias is added in place, since the product
+//!   that makes the scores is not shared).
 //! - **Log-prob passes** (no gradient): the rollout policy's and the
 //!   reference's log-probs of all of an agent's actions of a step, in one
-//!   batch of `N` sequences: the bias plus one layer's scores, biased
-//!   scores and probabilities (3 + 1 `H S^2` per sequence), the hidden
+//!   batch of `N` sequences: the bias plus one layer's scores (biased in
+//!   place) and probabilities (3 `H S^2` per sequence), the hidden
 //!   state and one layer's MLP (`h` + 3 `I` per token), and the logits and
 //!   log-softmax of the completion columns (2 `C V` per sequence).
 //! - **Rollout**: the KV cache of every sequence an agent generates
@@ -220,7 +221,7 @@ pub fn activation_bytes(
     let once = tokens * (2.0 * (x.heads + x.kv_heads) * x.d + 3.0 * x.h)
         + attention
         + 2.0 * m * c * x.vocab;
-    bytes(x.layers * per_layer + once + 2.0 * attention)
+    bytes(x.layers * per_layer + once + attention)
 }
 
 /// Bytes live while the log-probs of `n` sequences are computed without a
@@ -235,7 +236,7 @@ pub fn logprob_pass_bytes(
     let (n, c) = (n as f64, completion as f64);
     let s = prompt as f64 + c;
     let attention = n * x.heads * s * s;
-    bytes(4.0 * attention + n * s * (x.h + 3.0 * x.i) + 2.0 * n * c * x.vocab)
+    bytes(3.0 * attention + n * s * (x.h + 3.0 * x.i) + 2.0 * n * c * x.vocab)
 }
 
 /// Bytes live while `batch` sequences are generated: their KV cache for
