@@ -38,8 +38,16 @@ pub struct ReproduceArgs {
     runs_dir: PathBuf,
 }
 
-/// What a run would do, in numbers.
-fn plan(manifest: &Manifest) -> anyhow::Result<Vec<(String, String)>> {
+/// What a dry run prints, from one reading of the workflow and tasks.
+struct Plan {
+    /// (what, value) lines.
+    rows: Vec<(String, String)>,
+    /// The memory plan, or why it is not available.
+    memory: anyhow::Result<mappa_train::memory::MemoryPlan>,
+}
+
+/// What a run would do, in numbers, and its memory plan.
+fn plan(manifest: &Manifest) -> anyhow::Result<Plan> {
     let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
     // Generated tasks are written somewhere disposable for the count.
     let scratch = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
@@ -77,7 +85,11 @@ fn plan(manifest: &Manifest) -> anyhow::Result<Vec<(String, String)>> {
             / 1e6;
         rows.push(("estimated coach cost", format!("up to {cost:.0} USD ({} at the configured prices; the paper reports 50-150 USD per run)", openai.model)));
     }
-    Ok(rows.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+    let memory = crate::rundir::memory_plan(manifest, &workflow, eval);
+    Ok(Plan {
+        rows: rows.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        memory,
+    })
 }
 
 /// Everything the run needs that is not here: (what, how to supply it).
@@ -132,7 +144,8 @@ fn print_plan(
     missing: &[(String, String)],
 ) -> anyhow::Result<()> {
     println!("plan for {} ({}):", manifest.name, path.display());
-    for (what, value) in plan(planned)? {
+    let Plan { rows, memory } = plan(planned)?;
+    for (what, value) in rows {
         println!("  {what:<22} {value}");
     }
     if let Some(study) = &manifest.study {
@@ -146,7 +159,7 @@ fn print_plan(
             labels.join("; ")
         );
     }
-    match crate::rundir::memory_plan(planned) {
+    match memory {
         Ok(memory) => {
             println!("memory plan:");
             print!("{}", memory.render());

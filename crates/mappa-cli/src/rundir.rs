@@ -107,28 +107,32 @@ fn write_lock(dir: &Path, lock: &Value) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The manifest's memory plan (`mappa_train::memory`), for the workflow's
-/// agents and the number of held-out tasks (generated tasks are made in a
-/// scratch directory for the count).
-pub fn memory_plan(manifest: &Manifest) -> anyhow::Result<mappa_train::memory::MemoryPlan> {
-    let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
+/// The manifest's memory plan (`mappa_train::memory`) for `workflow`'s
+/// agents and `eval_tasks` held-out tasks.
+pub fn memory_plan(
+    manifest: &Manifest,
+    workflow: &mappa_agents::Workflow,
+    eval_tasks: usize,
+) -> anyhow::Result<mappa_train::memory::MemoryPlan> {
     let agents: Vec<(String, usize)> = workflow
         .agents
         .iter()
         .map(|a| (a.role.clone(), a.max_actions))
         .collect();
-    let scratch = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
-    let tasks = mappa_train::run::load_tasks(manifest, scratch.path())?;
-    Ok(manifest.memory_plan(&agents, tasks.eval.len())?)
+    Ok(manifest.memory_plan(&agents, eval_tasks)?)
 }
 
 /// With `[devices]` declared: prints the memory plan, and refuses one that
-/// does not fit before anything is written.
+/// does not fit before anything is written (generated tasks are made in a
+/// scratch directory for the count of held-out tasks).
 pub fn check_memory(manifest: &Manifest) -> anyhow::Result<()> {
     if manifest.devices.is_none() {
         return Ok(());
     }
-    let plan = memory_plan(manifest)?;
+    let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
+    let scratch = tempfile::tempdir().map_err(|e| anyhow!("temporary directory: {e}"))?;
+    let tasks = mappa_train::run::load_tasks(manifest, scratch.path())?;
+    let plan = memory_plan(manifest, &workflow, tasks.eval.len())?;
     eprint!("memory plan:\n{}", plan.render());
     plan.check()
         .map_err(|e| anyhow!("{}: {e}; nothing was run", manifest.name))

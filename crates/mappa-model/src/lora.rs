@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ModelError, Result};
 use crate::kernels::{self, ModelBackend};
 use crate::transformer::{Dense, Transformer};
-use crate::weights::{tensors_to_safetensors_bytes, SafetensorsSet, StorageDtype};
+use crate::weights::{host, tensors_to_safetensors_bytes, SafetensorsSet, StorageDtype};
 
 /// The projections an adapter may target, by their HF (and PEFT) names.
 pub const TARGETS: [&str; 7] = [
@@ -131,7 +131,8 @@ impl LoraConfig {
         }
     }
 
-    fn targets(&self, name: &str) -> bool {
+    /// Whether the projection `name` gets an adapter.
+    fn adapts(&self, name: &str) -> bool {
         self.targets.iter().any(|t| t == name)
     }
 }
@@ -227,7 +228,7 @@ impl<B: Backend> Transformer<B> {
         let device = self.device();
         let scaling = config.scaling();
         for (_, name, dense) in projections_mut(&mut self) {
-            if !config.targets(name) {
+            if !config.adapts(name) {
                 continue;
             }
             let [out, d_in] = dense.weight.dims();
@@ -275,13 +276,7 @@ impl<B: Backend> Transformer<B> {
         for (prefix, _, dense) in projections_mut(&mut model) {
             if let Some(lora) = &dense.lora {
                 for (which, t) in [("lora_A", lora.lora_a.val()), ("lora_B", lora.lora_b.val())] {
-                    let shape = t.dims().to_vec();
-                    let values = t
-                        .into_data()
-                        .convert::<f32>()
-                        .into_vec::<f32>()
-                        .expect("f32");
-                    out.push((peft_name(&prefix, which), shape, values));
+                    out.push(host(peft_name(&prefix, which), t));
                 }
             }
         }
@@ -444,7 +439,7 @@ pub fn load_adapters<B: Backend>(model: Transformer<B>, dir: &Path) -> Result<Tr
     let scaling = config.scaling();
     let mut used = BTreeSet::new();
     for (prefix, name, dense) in projections_mut(&mut model) {
-        if !config.targets(name) {
+        if !config.adapts(name) {
             continue;
         }
         let [out, d_in] = dense.weight.dims();

@@ -478,20 +478,22 @@ pub fn load_transformer<B: Backend>(dir: &Path, device: &B::Device) -> Result<Tr
     load_from_set(config, &set, device)
 }
 
+/// A named tensor as host f32 values: (name, shape, row-major values).
+pub(crate) fn host<B: Backend, const D: usize>(
+    name: String,
+    t: Tensor<B, D>,
+) -> (String, Vec<usize>, Vec<f32>) {
+    let shape = t.dims().to_vec();
+    let values = t
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 data");
+    (name, shape, values)
+}
+
 /// The model's tensors under HF names, in HF layout, as host f32 values.
 pub fn hf_tensors<B: Backend>(model: &Transformer<B>) -> Vec<(String, Vec<usize>, Vec<f32>)> {
-    fn host<B: Backend, const D: usize>(
-        name: String,
-        t: Tensor<B, D>,
-    ) -> (String, Vec<usize>, Vec<f32>) {
-        let shape = t.dims().to_vec();
-        let values = t
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .expect("f32 data");
-        (name, shape, values)
-    }
     fn dense<B: Backend>(
         out: &mut Vec<(String, Vec<usize>, Vec<f32>)>,
         prefix: String,
