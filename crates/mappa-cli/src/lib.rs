@@ -14,6 +14,8 @@
 //! - [`report`]: `mappa report` (runs side by side) and `mappa inspect`
 //!   (one trajectory, readable).
 //! - [`coach`]: `mappa coach score`; [`sandbox`]: `mappa sandbox run`.
+//! - [`serve`]: `mappa serve` (a checkpoint behind vLLM's API, for engine
+//!   rollouts on the CPU).
 //! - [`rundir`]: run directories and lock files; [`plot`]: SVG charts.
 
 #![warn(missing_docs)]
@@ -29,6 +31,7 @@ pub mod run;
 pub mod run_report;
 pub mod rundir;
 pub mod sandbox;
+pub mod serve;
 pub mod study;
 
 use clap::{Parser, Subcommand};
@@ -71,6 +74,9 @@ pub enum Command {
     Chat(model::ChatArgs),
     /// Fold a LoRA adapter (PEFT layout) into its base checkpoint, for export.
     MergeLora(model::MergeLoraArgs),
+    /// Serve a checkpoint through vLLM's OpenAI-compatible API (completions,
+    /// chat, LoRA hot-loading) on the CPU: engine rollouts without a GPU.
+    Serve(serve::ServeArgs),
 }
 
 /// Run one parsed command line.
@@ -88,5 +94,6 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Convert(args) => model::convert(&args),
         Command::Chat(args) => model::chat(&args),
         Command::MergeLora(args) => model::merge_lora(&args),
+        Command::Serve(args) => serve::serve(&args),
     }
 }

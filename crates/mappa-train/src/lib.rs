@@ -8,6 +8,8 @@
 //! - [`learner`]: [`AgentLearner`]: log-probs under policy and reference, and
 //!   one optimiser step in micro-batches.
 //! - [`policy`]: the burn model as a `mappa_agents::Policy`.
+//! - [`engine`]: rollouts by an inference engine (vLLM's API), with each
+//!   agent's LoRA adapter hot-loaded after every update.
 //! - [`step`]: from scored trajectories to per-agent samples through
 //!   `mappa-credit` (strategy, KL shaping, returns, normalisation scope).
 //! - [`manifest`]: experiment manifests, their resolution and lock file.
@@ -26,6 +28,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod engine;
 pub mod learner;
 pub mod loss;
 pub mod machine;
@@ -101,6 +104,9 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// The inference engine of `[rollout.engine]` failed or refused.
+    #[error("inference engine: {0}")]
+    Engine(String),
     /// A file utility failed (names the file).
     #[error(transparent)]
     Core(#[from] mappa_core::CoreError),

@@ -42,6 +42,8 @@ use mappa_judge::config::CoachConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+pub use crate::engine::EngineSpec;
+pub use crate::policy::RequestSeeds;
 pub use crate::tasks::DataSpec;
 use crate::{TrainConfig, TrainError};
 
@@ -148,6 +150,25 @@ pub struct RolloutSpec {
     /// chain); nothing cuts prompts to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_prompt_tokens: Option<usize>,
+    /// How each request's sampler is seeded (none: `stream`, or `u64` with
+    /// an engine); see [`RequestSeeds`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_seeds: Option<RequestSeeds>,
+    /// Generate every rollout with an inference engine (vLLM's API) instead
+    /// of the trainer; needs `[train.lora]` and one shared base model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineSpec>,
+}
+
+impl RolloutSpec {
+    /// How requests are seeded: as set, else `u64` with an engine (the
+    /// only way it can carry a seed) and `stream` without.
+    pub fn request_seeds(&self) -> RequestSeeds {
+        self.request_seeds.unwrap_or(match self.engine {
+            Some(_) => RequestSeeds::U64,
+            None => RequestSeeds::Stream,
+        })
+    }
 }
 
 fn yes() -> bool {
@@ -472,11 +493,59 @@ impl Manifest {
         }
         self.train.validate().map_err(|e| format!("train.{e}"))?;
         self.credit.validate().map_err(|e| format!("credit: {e}"))?;
+        if let Some(engine) = &r.engine {
+            self.validate_engine(engine)?;
+        }
         if let Some(devices) = &self.devices {
             if !(devices.memory_gib.is_finite() && devices.memory_gib > 0.0) {
                 return Err(format!(
                     "devices.memory_gib = {}: expected a positive number",
                     devices.memory_gib
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// An engine serves one base model with an adapter per agent: the run
+    /// must train LoRA adapters on one checkpoint shared by every role.
+    fn validate_engine(&self, engine: &EngineSpec) -> Result<(), String> {
+        engine.validate()?;
+        if self.train.lora.is_none() {
+            return Err(
+                "rollout.engine: needs [train.lora]: the engine serves one base model \
+                        and hot-loads each agent's adapter after every update"
+                    .into(),
+            );
+        }
+        if self.rollout.request_seeds == Some(RequestSeeds::Stream) {
+            return Err(
+                "rollout.request_seeds = \"stream\": an engine takes a 64-bit seed per \
+                        request; use \"u64\" (the default with an engine)"
+                    .into(),
+            );
+        }
+        if self.warm_start.is_some() {
+            return Err(
+                "rollout.engine: a warm start gives each role its own base model; \
+                        the engine serves one"
+                    .into(),
+            );
+        }
+        let first = self.models.iter().next();
+        for (role, spec) in &self.models {
+            if spec.init_seed.is_some() {
+                return Err(format!(
+                    "models.{role}.init_seed: the engine loads its base model from disk; \
+                     random weights cannot be served"
+                ));
+            }
+            if let Some((first_role, first)) = first.filter(|(_, f)| f.path != spec.path) {
+                return Err(format!(
+                    "models.{role}.path: with rollout.engine every role shares the served \
+                     base model, {} (models.{first_role}.path), got {}",
+                    first.path.display(),
+                    spec.path.display()
                 ));
             }
         }
@@ -535,9 +604,12 @@ impl Manifest {
             lora: self.train.lora.clone(),
             micro_batch: self.train.micro_batch_size,
             completion_tokens: r.max_new_tokens,
-            rollout_batch: {
-                let all = trajectories.max(eval_tasks * self.eval.samples);
-                r.max_batch.map_or(all, |bound| all.min(bound))
+            rollout_batch: match r.engine {
+                Some(_) => 0,
+                None => {
+                    let all = trajectories.max(eval_tasks * self.eval.samples);
+                    r.max_batch.map_or(all, |bound| all.min(bound))
+                }
             },
             capacity: self
                 .devices
@@ -622,7 +694,8 @@ pub fn run_id(lock: &Value) -> String {
 }
 
 /// A locked manifest without the keys that only feed the memory plan
-/// (`devices`, `rollout.max_prompt_tokens`, `models.*.plan_config`): they
+/// (`devices`, `rollout.max_prompt_tokens`, `models.*.plan_config`) or
+/// reach the engine (`rollout.engine.*`, kept as an empty table): they
 /// change no result, so they change neither the run id nor whether a run
 /// may be resumed.
 pub fn results_relevant(manifest: &Value) -> Value {
@@ -631,6 +704,10 @@ pub fn results_relevant(manifest: &Value) -> Value {
         m.remove("devices");
         if let Some(rollout) = m.get_mut("rollout").and_then(Value::as_object_mut) {
             rollout.remove("max_prompt_tokens");
+            // That an engine generates matters; where it listens does not.
+            if let Some(engine) = rollout.get_mut("engine") {
+                *engine = json!({});
+            }
         }
         if let Some(models) = m.get_mut("models").and_then(Value::as_object_mut) {
             for model in models.values_mut() {
@@ -641,4 +718,29 @@ pub fn results_relevant(manifest: &Value) -> Value {
         }
     }
     manifest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn where_the_engine_listens_is_not_results_relevant_but_whether_there_is_one_is() {
+        let lock = |engine: Value| json!({"manifest": {"seed": 1, "rollout": {"steps": 2, "engine": engine}}});
+        let a = lock(json!({"url": "http://127.0.0.1:8000/v1", "concurrency": 8}));
+        let b = lock(json!({"url": "http://10.0.0.2:9000/v1", "concurrency": 2}));
+        assert_eq!(
+            results_relevant(&a["manifest"]),
+            results_relevant(&b["manifest"])
+        );
+        let mut none = a.clone();
+        none["manifest"]["rollout"]
+            .as_object_mut()
+            .unwrap()
+            .remove("engine");
+        assert_ne!(
+            results_relevant(&a["manifest"]),
+            results_relevant(&none["manifest"])
+        );
+    }
 }

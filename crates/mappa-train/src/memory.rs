@@ -90,7 +90,8 @@ pub struct PlanInputs {
     /// Most new tokens per action.
     pub completion_tokens: usize,
     /// Sequences an agent generates together: the larger of a training
-    /// step's and an evaluation's, or fewer when `rollout.max_batch` bounds them.
+    /// step's and an evaluation's, or fewer when `rollout.max_batch` bounds
+    /// them; 0 when an inference engine generates (not on this device).
     pub rollout_batch: usize,
     /// The device's memory in bytes (none: not declared, not checked).
     pub capacity: Option<u64>,
@@ -329,12 +330,14 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
             logprob_pass_bytes(&agent.model, agent.actions_per_step, p, c),
             0,
         );
-        keep(
-            Phase::Rollout,
-            &agent.role,
-            rollout_bytes(&agent.model, inputs.rollout_batch, p, c),
-            0,
-        );
+        if inputs.rollout_batch > 0 {
+            keep(
+                Phase::Rollout,
+                &agent.role,
+                rollout_bytes(&agent.model, inputs.rollout_batch, p, c),
+                0,
+            );
+        }
     }
     for (phase, role, main, extra) in largest {
         let what = match phase {
@@ -375,13 +378,19 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
         .map(|a| a.prompt_tokens)
         .max()
         .unwrap_or(0);
+    let mut assumptions = vec![format!(
+        "one device; f32 weights, gradients and AdamW state; sequences of up to {} prompt + {} completion tokens",
+        longest, inputs.completion_tokens
+    )];
+    if inputs.rollout_batch == 0 {
+        assumptions.push(
+            "generation by the inference engine ([rollout.engine]), in memory of its own".into(),
+        );
+    }
     MemoryPlan {
         items,
         capacity: inputs.capacity,
-        assumptions: vec![format!(
-            "one device; f32 weights, gradients and AdamW state; sequences of up to {} prompt + {} completion tokens",
-            longest, inputs.completion_tokens
-        )],
+        assumptions,
         lora: inputs.lora.is_some(),
         micro_batch: inputs.micro_batch,
     }
@@ -457,7 +466,7 @@ impl MemoryPlan {
                 "fewer actions per step (rollout.prompts_per_step, samples_per_prompt)".into(),
             ),
             Phase::Rollout => fixes.push(
-                "fewer sequences generated together (rollout.prompts_per_step, samples_per_prompt, eval tasks and samples)"
+                "fewer sequences generated together (rollout.max_batch), or an inference engine to generate ([rollout.engine])"
                     .into(),
             ),
             _ => {}

@@ -5,12 +5,46 @@
 use std::sync::Mutex;
 
 use burn::prelude::*;
-use mappa_agents::{AgentError, Policy, PolicyOutput, PolicyRequest};
-use mappa_core::rng::SeedTree;
+use mappa_agents::{AgentError, Message, Policy, PolicyOutput, PolicyRequest};
+use mappa_core::rng::{RngStream, SeedTree};
 use mappa_model::{
     generate, ChatMessage, ChatRequest, ChatTemplate, FinishReason, GenerationConfig, HfTokenizer,
     ModelBackend, Tokenizer, Transformer,
 };
+use serde::{Deserialize, Serialize};
+
+/// How each request's sampler is seeded (`rollout.request_seeds`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestSeeds {
+    /// The request's named stream itself (the default).
+    #[default]
+    Stream,
+    /// A stream seeded by 64 bits drawn from the request's named stream
+    /// ([`crate::engine::request_seed`]): what an inference engine's `seed`
+    /// field can carry. Rollouts by an engine always use it; set it for an
+    /// in-process run to compare with one.
+    U64,
+}
+
+/// The token ids of a chat prompt: the template rendered with the
+/// generation prompt, then encoded.
+pub fn render_prompt(
+    template: &ChatTemplate,
+    tokenizer: &HfTokenizer,
+    messages: &[Message],
+) -> mappa_model::Result<Vec<u32>> {
+    let messages: Vec<ChatMessage> = messages
+        .iter()
+        .map(|m| ChatMessage::new(&m.role, &m.content))
+        .collect();
+    let text = template.render(&ChatRequest {
+        messages: &messages,
+        add_generation_prompt: true,
+        ..Default::default()
+    })?;
+    tokenizer.encode(&text)
+}
 
 /// One agent's model, generating.
 pub struct ModelPolicy<'a, B: Backend> {
@@ -20,6 +54,7 @@ pub struct ModelPolicy<'a, B: Backend> {
     template: &'a ChatTemplate,
     generation: GenerationConfig,
     seeds: SeedTree,
+    request_seeds: RequestSeeds,
     max_batch: Option<usize>,
 }
 
@@ -44,8 +79,15 @@ impl<'a, B: Backend> ModelPolicy<'a, B> {
             template,
             generation,
             seeds,
+            request_seeds: RequestSeeds::Stream,
             max_batch: None,
         }
+    }
+
+    /// Seeds each request's sampler as `request_seeds` says.
+    pub fn with_request_seeds(mut self, request_seeds: RequestSeeds) -> Self {
+        self.request_seeds = request_seeds;
+        self
     }
 
     /// Generates at most `max_batch` sequences together (none: every
@@ -71,24 +113,19 @@ where
             |e: mappa_model::ModelError| AgentError::Policy(format!("{}: {e}", self.name));
         let mut prompts = Vec::with_capacity(requests.len());
         for request in requests {
-            let messages: Vec<ChatMessage> = request
-                .messages
-                .iter()
-                .map(|m| ChatMessage::new(&m.role, &m.content))
-                .collect();
-            let text = self
-                .template
-                .render(&ChatRequest {
-                    messages: &messages,
-                    add_generation_prompt: true,
-                    ..Default::default()
-                })
-                .map_err(policy_err)?;
-            prompts.push(self.tokenizer.encode(&text).map_err(policy_err)?);
+            prompts.push(
+                render_prompt(self.template, self.tokenizer, &request.messages)
+                    .map_err(policy_err)?,
+            );
         }
         let mut rngs: Vec<_> = requests
             .iter()
-            .map(|r| self.seeds.stream(&r.stream))
+            .map(|r| match self.request_seeds {
+                RequestSeeds::Stream => self.seeds.stream(&r.stream),
+                RequestSeeds::U64 => {
+                    RngStream::from_u64(crate::engine::request_seed(&self.seeds, &r.stream))
+                }
+            })
             .collect();
         let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
         let chunk = self.max_batch.unwrap_or(prompts.len()).max(1);
@@ -122,7 +159,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mappa_agents::Message;
     use mappa_model::weights::load_transformer;
     use mappa_model::Cpu;
     use std::path::PathBuf;

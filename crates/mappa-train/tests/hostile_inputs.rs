@@ -22,13 +22,14 @@ use proptest::sample::{select, Index};
 use toml::Value;
 
 /// The shipped manifests, relative to the workspace root.
-const MANIFESTS: [&str; 7] = [
+const MANIFESTS: [&str; 8] = [
     "experiments/aime.toml",
     "experiments/arith.toml",
     "experiments/dsbench.toml",
     "experiments/tabular.toml",
     "fixtures/manifests/tiny-arith.toml",
     "fixtures/manifests/tiny-arith-warm.toml",
+    "fixtures/manifests/tiny-arith-lora.toml",
     "fixtures/manifests/tiny-tabular.toml",
 ];
 
@@ -126,6 +127,10 @@ fn check_numbers(m: &Manifest) -> Result<(), TestCaseError> {
             .as_ref()
             .map(|d| ("devices.memory_gib", d.memory_gib)),
     );
+    if let Some(e) = &m.rollout.engine {
+        numbers.push(("rollout.engine.timeout_s", e.timeout_s));
+        numbers.push(("rollout.engine.retry_for_s", e.retry_for_s));
+    }
     for (name, x) in numbers {
         prop_assert!(x.is_finite(), "{} = {} was accepted", name, x);
     }

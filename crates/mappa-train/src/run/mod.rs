@@ -81,6 +81,11 @@ impl RunDir {
     pub fn work(&self) -> PathBuf {
         self.root.join("work")
     }
+    /// The adapters loaded in the inference engine (`[rollout.engine]`):
+    /// each agent's current version, in PEFT's layout.
+    pub fn engine_adapters(&self) -> PathBuf {
+        self.root.join("engine-adapters")
+    }
 }
 
 /// The training and held-out tasks of a manifest, with their grader;

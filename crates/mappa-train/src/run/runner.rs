@@ -19,6 +19,7 @@ use mappa_model::{
 };
 
 use super::RunDir;
+use crate::engine::{Engine, EngineSampling};
 use crate::manifest::Manifest;
 use crate::tasks::TaskSet;
 use crate::{AgentLearner, ModelPolicy, TrainError};
@@ -40,6 +41,8 @@ pub(super) struct Runner<'a, B: AutodiffModelBackend> {
     pub sandbox: Sandbox,
     pub seeds: SeedTree,
     pub dir: RunDir,
+    /// The inference engine that generates rollouts (`[rollout.engine]`).
+    pub engine: Option<Engine>,
 }
 
 /// The workflow, tasks and sandbox of a manifest (generated tasks are
@@ -189,6 +192,14 @@ where
             root: run_dir.to_path_buf(),
         };
         std::fs::create_dir_all(&dir.root).map_err(|e| TrainError::io(&dir.root, e))?;
+        let engine = match &manifest.rollout.engine {
+            Some(spec) => Some(Engine::new(
+                spec,
+                &dir.engine_adapters(),
+                &engine_prefix(&dir.root)?,
+            )?),
+            None => None,
+        };
         Ok(Runner {
             manifest,
             workflow,
@@ -199,6 +210,7 @@ where
             sandbox,
             seeds,
             dir,
+            engine,
         })
     }
 
@@ -227,30 +239,76 @@ where
         on_agent_done: &mut dyn FnMut(usize, Vec<(usize, Vec<ActionRecord>)>),
     ) -> Result<(Vec<Trajectory>, PathBuf), TrainError> {
         let seeds = SeedTree::new(self.seeds.stream(stream).next_u64());
-        let policies: Vec<ModelPolicy<'_, B::InnerBackend>> = self
-            .learners
-            .iter()
-            .zip(&self.models)
-            .map(|(l, m)| {
-                ModelPolicy::new(
-                    l.name(),
-                    l.policy().valid(),
-                    &m.tokenizer,
-                    &m.template,
-                    self.generation(temperature),
-                    seeds,
-                )
-                .with_max_batch(self.manifest.rollout.max_batch)
-            })
-            .collect();
+        let policies: Vec<Box<dyn Policy + '_>> = match &self.engine {
+            Some(engine) => self.engine_policies(engine, temperature, seeds)?,
+            None => self
+                .learners
+                .iter()
+                .zip(&self.models)
+                .map(|(l, m)| {
+                    Box::new(
+                        ModelPolicy::new(
+                            l.name(),
+                            l.policy().valid(),
+                            &m.tokenizer,
+                            &m.template,
+                            self.generation(temperature),
+                            seeds,
+                        )
+                        .with_max_batch(self.manifest.rollout.max_batch)
+                        .with_request_seeds(self.manifest.rollout.request_seeds()),
+                    ) as Box<dyn Policy + '_>
+                })
+                .collect(),
+        };
         let work = self.dir.work().join(stream.replace('/', "-"));
         let engine = RolloutEngine::new(
             &self.workflow,
-            policies.iter().map(|p| p as &dyn Policy).collect(),
+            policies.iter().map(|p| p.as_ref()).collect(),
             &self.sandbox,
             &work,
         )?;
         let trajectories = engine.run_with(tasks, samples, on_agent_done)?;
         Ok((trajectories, work))
     }
+
+    /// Each agent's policy served by the engine, after loading its adapter
+    /// at the current version (its optimiser steps) when that is new.
+    fn engine_policies<'e>(
+        &'e self,
+        engine: &'e Engine,
+        temperature: f64,
+        seeds: SeedTree,
+    ) -> Result<Vec<Box<dyn Policy + 'e>>, TrainError> {
+        let r = &self.manifest.rollout;
+        let mut policies: Vec<Box<dyn Policy + 'e>> = Vec::new();
+        for (learner, model) in self.learners.iter().zip(&self.models) {
+            engine.publish(
+                learner.name(),
+                learner.step(),
+                &learner.policy().valid(),
+                learner.base_model(),
+            )?;
+            policies.push(Box::new(engine.policy(
+                learner.name(),
+                &model.tokenizer,
+                &model.template,
+                EngineSampling {
+                    max_tokens: r.max_new_tokens,
+                    temperature,
+                    top_p: r.top_p,
+                },
+                seeds,
+            )));
+        }
+        Ok(policies)
+    }
+}
+
+/// The adapter-name prefix of the run in `root`: 8 hex digits of its
+/// path's hash, so that runs sharing an engine never share a name.
+fn engine_prefix(root: &Path) -> Result<String, TrainError> {
+    let path = std::fs::canonicalize(root).map_err(|e| TrainError::io(root, e))?;
+    let hash = mappa_core::hash::sha256_hex(path.display().to_string().as_bytes());
+    Ok(format!("mappa-{}", &hash[..8]))
 }
