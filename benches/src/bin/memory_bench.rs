@@ -46,8 +46,7 @@ struct Args {
     /// The checkpoint to train (default: SmolLM2-135M from `just models`).
     #[arg(long, default_value = mappa_benches::SMOL_DIR)]
     model: PathBuf,
-    /// Run one configuration (`full-1`, `lora-1`, `full-3`, `lora-3`, and
-    /// `full-1-ckpt`, `lora-1-ckpt` with checkpointing) and print its JSON.
+    /// Run one configuration (see `--configs`) and print its JSON.
     #[arg(long)]
     child: Option<String>,
     /// Sequences per update (one micro-batch).
@@ -62,14 +61,16 @@ struct Args {
     /// Write the results here as JSON.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// The configurations, comma-separated: `full-N` or `lora-N` (N agents
-    /// on one base), with `-ckpt` for burn's checkpointing or `-cuda` for
-    /// the CUDA backend (a build with `--features cuda`; step time only);
-    /// `logprob-N` and `generate-N` (inference phases of N sequences).
+    /// The configurations, comma-separated: `full-N` or `lora-N` (an update
+    /// of N agents on one base), `logprob-N` and `generate-N` (inference
+    /// phases of N sequences), each followed by any of `-ckpt` (burn's
+    /// checkpointing), `-layers` (`train.recompute_layers`), `-fused`
+    /// (`train.attention = "fused"`) and `-cuda` (the CUDA backend, in a
+    /// build with `--features cuda`; step time only).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt,logprob-16,generate-16"
+        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt,full-1-layers,lora-1-layers,lora-1-fused,lora-1-layers-fused,logprob-16,logprob-16-fused,generate-16,generate-16-fused"
     )]
     configs: Vec<String>,
 }
@@ -150,7 +151,21 @@ fn samples<B: AutodiffModelBackend>(
         .collect()
 }
 
-fn predicted(model: &TransformerConfig, agents: usize, lora: bool, args: &Args) -> u64 {
+fn attention(modifiers: Modifiers) -> mappa_model::AttentionKind {
+    if modifiers.fused_attention {
+        mappa_model::AttentionKind::Fused
+    } else {
+        mappa_model::AttentionKind::Dense
+    }
+}
+
+fn predicted(
+    model: &TransformerConfig,
+    agents: usize,
+    lora: bool,
+    modifiers: Modifiers,
+    args: &Args,
+) -> u64 {
     let inputs = PlanInputs {
         agents: (0..agents)
             .map(|i| AgentShape {
@@ -159,6 +174,8 @@ fn predicted(model: &TransformerConfig, agents: usize, lora: bool, args: &Args) 
                 base: "base".into(),
                 prompt_tokens: args.prompt,
                 actions_per_step: args.batch,
+                recompute_layers: modifiers.recompute_layers,
+                fused_attention: modifiers.fused_attention,
             })
             .collect(),
         lora: lora.then(self::lora),
@@ -172,31 +189,65 @@ fn predicted(model: &TransformerConfig, agents: usize, lora: bool, args: &Args) 
     plan.phase(Phase::Held) + plan.phase(Phase::Update)
 }
 
+/// What a configuration's suffixes ask for.
+#[derive(Debug, Clone, Copy, Default)]
+struct Modifiers {
+    /// `-ckpt`: burn's `BalancedCheckpointing`.
+    checkpointing: bool,
+    /// `-layers`: `train.recompute_layers`.
+    recompute_layers: bool,
+    /// `-fused`: `train.attention = "fused"`.
+    fused_attention: bool,
+    /// `-cuda`: the CUDA backend.
+    cuda: bool,
+}
+
 fn child(config: &str, args: &Args) -> Measured {
-    if let Some(n) = config.strip_prefix("logprob-") {
-        return inference(config, n.parse().expect("logprob-N"), false, args);
+    let mut parts = config.split('-');
+    let kind = parts.next().unwrap_or_default();
+    let n: usize = parts
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{config}: expected KIND-N[-MODIFIER...]"));
+    let mut modifiers = Modifiers::default();
+    for modifier in parts {
+        match modifier {
+            "ckpt" => modifiers.checkpointing = true,
+            "layers" => modifiers.recompute_layers = true,
+            "fused" => modifiers.fused_attention = true,
+            "cuda" => modifiers.cuda = true,
+            other => panic!("{config}: unknown modifier {other:?} (ckpt, layers, fused, cuda)"),
+        }
     }
-    if let Some(n) = config.strip_prefix("generate-") {
-        return inference(config, n.parse().expect("generate-N"), true, args);
+    match kind {
+        "logprob" | "generate" => inference(config, n, kind == "generate", modifiers, args),
+        "full" | "lora" if modifiers.cuda => {
+            #[cfg(feature = "cuda")]
+            return measure::<OnCuda>(config, kind == "lora", n, modifiers, args);
+            #[cfg(not(feature = "cuda"))]
+            panic!("{config}: this build has no CUDA backend (build with --features cuda)");
+        }
+        "full" | "lora" if modifiers.checkpointing => {
+            measure::<Checkpointed>(config, kind == "lora", n, modifiers, args)
+        }
+        "full" | "lora" => measure::<Plain>(config, kind == "lora", n, modifiers, args),
+        other => panic!("{config}: unknown kind {other:?} (full, lora, logprob, generate)"),
     }
-    if let Some(plain) = config.strip_suffix("-ckpt") {
-        return measure::<Checkpointed>(config, plain, true, args);
-    }
-    if let Some(plain) = config.strip_suffix("-cuda") {
-        #[cfg(feature = "cuda")]
-        return measure::<OnCuda>(config, plain, false, args);
-        #[cfg(not(feature = "cuda"))]
-        panic!("{config}: this build has no CUDA backend (build with --features cuda; {plain} runs on the CPU)");
-    }
-    measure::<Plain>(config, config, false, args)
 }
 
 /// One inference phase of `n` sequences: a log-prob pass, or generation.
-fn inference(config: &str, n: usize, generating: bool, args: &Args) -> Measured {
+fn inference(
+    config: &str,
+    n: usize,
+    generating: bool,
+    modifiers: Modifiers,
+    args: &Args,
+) -> Measured {
     use mappa_model::{completion_logprobs, generate_greedy, GenerationConfig};
     let own = status_kib("VmRSS:") * 1024;
     let model: Transformer<mappa_model::Cpu> = load_transformer(&args.model, &Default::default())
         .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
+    let model = model.with_attention(attention(modifiers));
     let shape = model.config().clone();
     let mut rng = RngStream::from_u64(7);
     let mut ids = |len: usize| -> Vec<u32> {
@@ -226,9 +277,21 @@ fn inference(config: &str, n: usize, generating: bool, args: &Args) -> Measured 
     let peak = (status_kib("VmHWM:") * 1024).saturating_sub(own);
     let x = &shape;
     let phase = if generating {
-        mappa_train::memory::rollout_bytes(x, n, args.prompt, args.completion)
+        mappa_train::memory::rollout_bytes(
+            x,
+            n,
+            args.prompt,
+            args.completion,
+            modifiers.fused_attention,
+        )
     } else {
-        mappa_train::memory::logprob_pass_bytes(x, n, args.prompt, args.completion)
+        mappa_train::memory::logprob_pass_bytes(
+            x,
+            n,
+            args.prompt,
+            args.completion,
+            modifiers.fused_attention,
+        )
     };
     Measured {
         config: config.to_string(),
@@ -244,13 +307,11 @@ fn inference(config: &str, n: usize, generating: bool, args: &Args) -> Measured 
 
 fn measure<B: AutodiffModelBackend>(
     config: &str,
-    shape: &str,
-    checkpointing: bool,
+    lora: bool,
+    agents: usize,
+    modifiers: Modifiers,
     args: &Args,
 ) -> Measured {
-    let (kind, agents) = shape.split_once('-').expect("CONFIG is full-N or lora-N");
-    let agents: usize = agents.parse().expect("agent count");
-    let lora = kind == "lora";
     let own = status_kib("VmRSS:") * 1024;
     let device = Default::default();
     let base: Transformer<B> = load_transformer(&args.model, &device)
@@ -260,6 +321,8 @@ fn measure<B: AutodiffModelBackend>(
         lr: 1e-5,
         micro_batch_size: args.batch,
         lora: lora.then(self::lora),
+        recompute_layers: mappa_train::config::Recompute::All(modifiers.recompute_layers),
+        attention: attention(modifiers),
         ..Default::default()
     };
     let mut learners: Vec<AgentLearner<B>> = (0..agents)
@@ -303,11 +366,11 @@ fn measure<B: AutodiffModelBackend>(
         config: config.to_string(),
         agents,
         lora,
-        checkpointing,
+        checkpointing: modifiers.checkpointing,
         step_seconds: seconds,
         tokens_per_second: (args.batch * args.completion) as f64 / seconds,
         measured_bytes: peak,
-        predicted_bytes: predicted(&model_config, agents, lora, args),
+        predicted_bytes: predicted(&model_config, agents, lora, modifiers, args),
     }
 }
 

@@ -29,8 +29,8 @@ use anyhow::Context;
 use clap::Args;
 use mappa_core::rng::{RngStream, SeedTree};
 use mappa_model::{
-    generate, ChatMessage, ChatRequest, Checkpoint, Cpu, FinishReason, GenerationConfig,
-    SamplingConfig, Tokenizer, Transformer,
+    generate, AttentionKind, ChatMessage, ChatRequest, Checkpoint, Cpu, FinishReason,
+    GenerationConfig, SamplingConfig, Tokenizer, Transformer,
 };
 use serde_json::{json, Value};
 
@@ -51,6 +51,18 @@ pub struct ServeArgs {
     /// Seed of the streams of requests that bring no `seed`.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// How the model computes attention: `dense` or `fused` (as the run's
+    /// `train.attention`, for completions equal to its in-process ones).
+    #[arg(long, default_value = "dense", value_parser = parse_attention)]
+    pub attention: AttentionKind,
+}
+
+fn parse_attention(value: &str) -> Result<AttentionKind, String> {
+    match value {
+        "dense" => Ok(AttentionKind::Dense),
+        "fused" => Ok(AttentionKind::Fused),
+        other => Err(format!("expected dense or fused, got {other:?}")),
+    }
 }
 
 /// An error answer: HTTP status, vLLM's error type, message.
@@ -90,8 +102,9 @@ struct Engine {
 /// Serves until the process is stopped.
 pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let device = Default::default();
-    let base = Checkpoint::<Cpu>::load(&args.model, &device)
+    let mut base = Checkpoint::<Cpu>::load(&args.model, &device)
         .with_context(|| format!("loading the checkpoint `{}`", args.model.display()))?;
+    base.model = base.model.with_attention(args.attention);
     let name = match &args.served_model_name {
         Some(name) => name.clone(),
         None => dir_name(&args.model),

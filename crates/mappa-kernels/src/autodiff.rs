@@ -11,7 +11,7 @@ use burn::backend::Autodiff;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Shape, TensorMetadata};
 
-use super::ModelBackend;
+use super::{CausalMask, ModelBackend};
 
 impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -85,6 +85,74 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
 
     fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         from_output::<B, C>(x, B::log_softmax_last, B::log_softmax_last_backward)
+    }
+
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Attention;
+
+        impl<B: ModelBackend> Backward<B, 3> for Attention {
+            /// `q`, `k`, `v`, the output, the rows' log-sum-exp and the mask.
+            type State = (
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                CausalMask,
+            );
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (q, k, v, out, lse, mask) = ops.state;
+                let grad = grads.consume::<B>(&ops.node);
+                let (dq, dk, dv) = B::causal_attention_backward(q, k, v, out, lse, grad, &mask);
+                for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+                    if let Some(parent) = parent {
+                        grads.register::<B>(parent.id, grad);
+                    }
+                }
+            }
+        }
+
+        match Attention
+            .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (out, lse) = B::causal_attention_with_lse(
+                    q.primitive.clone(),
+                    k.primitive.clone(),
+                    v.primitive.clone(),
+                    mask,
+                );
+                let state = (
+                    q.primitive,
+                    k.primitive,
+                    v.primitive,
+                    out.clone(),
+                    lse,
+                    mask.clone(),
+                );
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::causal_attention(
+                q.primitive,
+                k.primitive,
+                v.primitive,
+                mask,
+            )),
+        }
     }
 
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -319,5 +387,102 @@ mod tests {
             .sum()
             .backward();
         close(x.grad(&mine).unwrap(), x.grad(&theirs).unwrap());
+    }
+
+    /// Causal attention as one node (the CPU kernel, one row at a time) and
+    /// as burn's operations on the full score matrix give the same output
+    /// and gradients: left padding, a KV-cache offset and grouped heads.
+    #[test]
+    fn causal_attention_matches_softmax_of_biased_scores() {
+        use crate::CausalMask;
+        // 2 batch rows, 2 key/value heads, groups of 2 query heads, 3
+        // queries after 2 cached columns, head size 20 (a dot product's
+        // lanes and tail).
+        let (b, h, group, seq, start, d) = (2, 2, 2, 3, 2, 20);
+        let keys = start + seq;
+        let mask = CausalMask {
+            pad_left: vec![0, 3],
+            start,
+            seq,
+        };
+        let q = || param([b, h, group * seq, d], 11);
+        let k = || param([b, h, keys, d], 12);
+        let v = || param([b, h, keys, d], 13);
+        let (q1, k1, v1, q2, k2, v2) = (q(), k(), v(), q(), k(), v());
+        let weights = param([b, h, group * seq, d], 14).detach();
+        let mine = crate::attention(q1.clone(), k1.clone(), v1.clone(), &mask);
+        let mut bias = Vec::new();
+        for row in 0..b {
+            for _ in 0..h {
+                for r in 0..group * seq {
+                    let seen = mask.keys(row, mask.column(r));
+                    bias.extend((0..keys).map(|j| {
+                        if seen.contains(&j) {
+                            0.0
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    }));
+                }
+            }
+        }
+        let bias = Tensor::<CpuAutodiff, 4>::from_data(
+            TensorData::new(bias, [b, h, group * seq, keys]),
+            &Default::default(),
+        );
+        let probs = burn::tensor::activation::softmax(
+            q2.clone().matmul(k2.clone().swap_dims(2, 3)) + bias,
+            3,
+        );
+        let theirs = probs.matmul(v2.clone());
+        close(mine.clone().inner(), theirs.clone().inner());
+        let mine = (mine * weights.clone()).sum().backward();
+        let theirs = (theirs * weights).sum().backward();
+        close(q1.grad(&mine).unwrap(), q2.grad(&theirs).unwrap());
+        close(k1.grad(&mine).unwrap(), k2.grad(&theirs).unwrap());
+        close(v1.grad(&mine).unwrap(), v2.grad(&theirs).unwrap());
+
+        // The trait's defaults (burn's operations, what GPU backends run)
+        // agree with the CPU kernels, forward and backward.
+        use burn::tensor::TensorPrimitive::Float;
+        let inner = |t: &Tensor<CpuAutodiff, 4>| t.clone().inner().into_primitive().tensor();
+        let [q, k, v, g] = [&q1, &k1, &v1, &param([b, h, group * seq, d], 15)].map(inner);
+        let (out, lse) = <Cpu as crate::ModelBackend>::causal_attention_with_lse(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            &mask,
+        );
+        // Blocks of 5 of the 6 rows: two blocks, the last one short.
+        let block = 5;
+        let (dense_out, dense_lse) = crate::dense_causal_attention_with_lse::<Cpu>(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            &mask,
+            block,
+        );
+        let four = |t| Tensor::<Cpu, 4>::from_primitive(Float(t));
+        close(four(out.clone()), four(dense_out));
+        close(
+            Tensor::<Cpu, 3>::from_primitive(Float(lse.clone())),
+            Tensor::<Cpu, 3>::from_primitive(Float(dense_lse)),
+        );
+        let args = (q, k, v, out, lse, g);
+        let cpu = <Cpu as crate::ModelBackend>::causal_attention_backward(
+            args.0.clone(),
+            args.1.clone(),
+            args.2.clone(),
+            args.3.clone(),
+            args.4.clone(),
+            args.5.clone(),
+            &mask,
+        );
+        let dense = crate::dense_causal_attention_backward::<Cpu>(
+            args.0, args.1, args.2, args.3, args.4, args.5, &mask, block,
+        );
+        close(four(cpu.0), four(dense.0));
+        close(four(cpu.1), four(dense.1));
+        close(four(cpu.2), four(dense.2));
     }
 }

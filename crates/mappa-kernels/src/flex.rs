@@ -33,7 +33,7 @@ use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Bytes, DType, FloatDType, Shape, TensorMetadata};
 use rayon::prelude::*;
 
-use crate::ModelBackend;
+use crate::{CausalMask, ModelBackend};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
 /// is at least 512 on every CPU, so a call with `k <= 512` is never split.
@@ -244,6 +244,114 @@ impl ModelBackend for Flex {
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, _) = contiguous(x);
         tensor(vec![long_sum(&x)], Shape::from(vec![1]))
+    }
+
+    fn causal_attention_with_lse(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (q, q_shape) = contiguous(q);
+        let (k, k_shape) = contiguous(k);
+        let (v, _) = contiguous(v);
+        let (q, k, v): (&[f32], &[f32], &[f32]) = (&q, &k, &v);
+        let [batch, heads, rows, d] = [q_shape[0], q_shape[1], q_shape[2], q_shape[3]];
+        let keys = k_shape[2];
+        let mut out = vec![0.0; q.len()];
+        let mut lse = vec![0.0; batch * heads * rows];
+        out.par_chunks_mut(d * ROWS_PER_TASK)
+            .zip(lse.par_chunks_mut(ROWS_PER_TASK))
+            .enumerate()
+            .for_each(|(task, (out, lse))| {
+                let mut scores = vec![0.0f32; keys];
+                for (i, (out, lse)) in out.chunks_mut(d).zip(lse.iter_mut()).enumerate() {
+                    // Row `r` of head `bh` (batch row `bh / heads`).
+                    let row = task * ROWS_PER_TASK + i;
+                    let (bh, r) = (row / rows, row % rows);
+                    let seen = mask.keys(bh / heads, mask.column(r));
+                    let lo = *seen.start();
+                    let scores = &mut scores[..seen.count()];
+                    let query = &q[row * d..][..d];
+                    let key = |j: usize| &k[(bh * keys + lo + j) * d..][..d];
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        *s = dot(query, key(j));
+                    }
+                    let max = row_max(scores);
+                    for s in scores.iter_mut() {
+                        *s = libm::expf(*s - max);
+                    }
+                    let total = sum(scores);
+                    out.fill(0.0);
+                    for (j, &e) in scores.iter().enumerate() {
+                        axpy(out, e / total, &v[(bh * keys + lo + j) * d..][..d]);
+                    }
+                    *lse = max + libm::logf(total);
+                }
+            });
+        let lse_shape = Shape::from(vec![batch, heads, rows]);
+        (tensor(out, q_shape), tensor(lse, lse_shape))
+    }
+
+    fn causal_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (q, q_shape) = contiguous(q);
+        let (k, k_shape) = contiguous(k);
+        let (v, _) = contiguous(v);
+        let (out, _) = contiguous(out);
+        let (lse, _) = contiguous(lse);
+        let (grad, _) = contiguous(grad);
+        let (q, k, v): (&[f32], &[f32], &[f32]) = (&q, &k, &v);
+        let (out, lse, grad): (&[f32], &[f32], &[f32]) = (&out, &lse, &grad);
+        let [heads, rows, d] = [q_shape[1], q_shape[2], q_shape[3]];
+        let keys = k_shape[2];
+        let mut dq = vec![0.0; q.len()];
+        let mut dk = vec![0.0; k.len()];
+        let mut dv = vec![0.0; v.len()];
+        // One thread per key/value head: its keys' gradients add up over
+        // its query rows in order.
+        dq.par_chunks_mut(rows * d)
+            .zip(dk.par_chunks_mut(keys * d))
+            .zip(dv.par_chunks_mut(keys * d))
+            .enumerate()
+            .for_each(|(bh, ((dq, dk), dv))| {
+                let k = &k[bh * keys * d..][..keys * d];
+                let v = &v[bh * keys * d..][..keys * d];
+                for (r, dq) in dq.chunks_mut(d).enumerate() {
+                    let row = bh * rows + r;
+                    let (query, g) = (&q[row * d..][..d], &grad[row * d..][..d]);
+                    // Σ_j p_j dp_j = g · out.
+                    let rowsum = dot(g, &out[row * d..][..d]);
+                    for j in mask.keys(bh / heads, mask.column(r)) {
+                        let (key, value) = (&k[j * d..][..d], &v[j * d..][..d]);
+                        let p = libm::expf(dot(query, key) - lse[row]);
+                        axpy(&mut dv[j * d..][..d], p, g);
+                        let ds = p * (dot(g, value) - rowsum);
+                        axpy(dq, ds, key);
+                        axpy(&mut dk[j * d..][..d], ds, query);
+                    }
+                }
+            });
+        (
+            tensor(dq, q_shape),
+            tensor(dk, k_shape.clone()),
+            tensor(dv, k_shape),
+        )
+    }
+}
+
+/// `acc += a * x`, element by element (no sum, so any vectorisation gives
+/// the same bits).
+fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
+    for (acc, &x) in acc.iter_mut().zip(x) {
+        *acc += a * x;
     }
 }
 

@@ -147,6 +147,48 @@ pub trait ModelBackend: Backend {
         Self::float_reshape(primitive(grad - y.exp() * total), shape)
     }
 
+    /// Causal attention `softmax(q k^T + mask) v` and each query row's
+    /// log-sum-exp of its scores, for [`attention`]: see there for the
+    /// shapes. The default (burn's operations) holds the scores of
+    /// [`ATTENTION_BLOCK_ROWS`] query rows at a time; the CPU backend
+    /// computes one row at a time.
+    fn causal_attention_with_lse(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        dense_causal_attention_with_lse::<Self>(q, k, v, mask, ATTENTION_BLOCK_ROWS)
+    }
+
+    /// [`attention`] as one operation: under autodiff, one node whose
+    /// backward pass is [`causal_attention_backward`](ModelBackend::causal_attention_backward).
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> FloatTensor<Self> {
+        Self::causal_attention_with_lse(q, k, v, mask).0
+    }
+
+    /// The gradients of [`attention`] with respect to `q`, `k` and `v`,
+    /// given its output `out`, the rows' log-sum-exp `lse` and the output's
+    /// gradient `grad`; the probabilities are recomputed from `q`, `k` and
+    /// `lse`, never saved.
+    #[allow(clippy::too_many_arguments)]
+    fn causal_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        dense_causal_attention_backward::<Self>(q, k, v, out, lse, grad, mask, ATTENTION_BLOCK_ROWS)
+    }
+
     /// The sum of all elements, as a tensor of shape `[1]`.
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_sum(x)
@@ -272,6 +314,186 @@ pub fn log_softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B
 /// - returns `[1]`.
 pub fn sum<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, 1> {
     float(B::sum(primitive(x)))
+}
+
+/// Which keys each query of [`attention`] sees: causal attention over a
+/// left-padded batch. Row `b` of the batch has `pad_left[b]` padding
+/// columns; the queries are columns `start..start + seq` and the keys
+/// columns `0..start + seq` (earlier columns come from a KV cache). A query
+/// at column `c` sees the keys at columns `pad..=c`, and always itself, so
+/// that a padding query has one finite score.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CausalMask {
+    /// Padding columns at the left of each batch row.
+    pub pad_left: Vec<usize>,
+    /// The column of the first query.
+    pub start: usize,
+    /// Queries per head: the `group * seq` query rows of a key/value head
+    /// are its `group` query heads' `seq` queries, head-major.
+    pub seq: usize,
+}
+
+impl CausalMask {
+    /// The keys the query at column `column` of batch row `row` sees: a
+    /// range of key columns.
+    pub fn keys(&self, row: usize, column: usize) -> std::ops::RangeInclusive<usize> {
+        self.pad_left[row].min(column)..=column
+    }
+
+    /// The column of query row `r` (of `group * seq`).
+    pub fn column(&self, r: usize) -> usize {
+        self.start + r % self.seq
+    }
+
+    /// The additive bias of the query rows `q` (rows `first..` of the
+    /// `group * seq`) against every key, shaped like their scores
+    /// (`[batch, kv_heads, rows, keys]`): 0 where a query sees a key, `-inf`
+    /// elsewhere.
+    fn bias<B: Backend>(&self, q: &Tensor<B, 4>, first: usize) -> Tensor<B, 4> {
+        let [batch, heads, rows, _] = q.dims();
+        let keys = self.start + self.seq;
+        let mut values = Vec::with_capacity(batch * heads * rows * keys);
+        for b in 0..batch {
+            for _ in 0..heads {
+                for r in first..first + rows {
+                    let seen = self.keys(b, self.column(r));
+                    values.extend((0..keys).map(|k| {
+                        if seen.contains(&k) {
+                            0.0f32
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    }));
+                }
+            }
+        }
+        Tensor::from_data(
+            TensorData::new(values, [batch, heads, rows, keys]),
+            &q.device(),
+        )
+    }
+}
+
+/// Query rows per block in the default attention kernels: their scores
+/// against every key are the largest tensor they hold.
+pub const ATTENTION_BLOCK_ROWS: usize = 256;
+
+/// [`ModelBackend::causal_attention_with_lse`] by burn's operations (the
+/// trait's default, what GPU backends run), `block` query rows at a time:
+/// it holds the scores of one block of rows against every key, never all.
+fn dense_causal_attention_with_lse<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    mask: &CausalMask,
+    block: usize,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (q, k, v) = (float::<B, 4>(q), float::<B, 4>(k), float::<B, 4>(v));
+    let [batch, heads, rows, d] = q.dims();
+    let keys_t = k.swap_dims(2, 3);
+    let (mut outs, mut lses) = (Vec::new(), Vec::new());
+    for start in (0..rows).step_by(block.max(1)) {
+        let end = (start + block.max(1)).min(rows);
+        let q = q.clone().slice([0..batch, 0..heads, start..end, 0..d]);
+        let scores = q.clone().matmul(keys_t.clone()) + mask.bias::<B>(&q, start);
+        let max = scores.clone().max_dim(3);
+        let lse = (scores.clone() - max.clone()).exp().sum_dim(3).log() + max;
+        let probs = (scores - lse.clone()).exp();
+        outs.push(probs.matmul(v.clone()));
+        lses.push(lse.squeeze_dim::<3>(3));
+    }
+    (
+        primitive(Tensor::cat(outs, 2)),
+        primitive(Tensor::cat(lses, 2)),
+    )
+}
+
+/// [`ModelBackend::causal_attention_backward`] by burn's operations (the
+/// trait's default), `block` query rows at a time; the key and value
+/// gradients add up over the blocks in order.
+#[allow(clippy::too_many_arguments)]
+fn dense_causal_attention_backward<B: Backend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    out: FloatTensor<B>,
+    lse: FloatTensor<B>,
+    grad: FloatTensor<B>,
+    mask: &CausalMask,
+    block: usize,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let (q, k, v) = (float::<B, 4>(q), float::<B, 4>(k), float::<B, 4>(v));
+    let (out, grad, lse) = (float::<B, 4>(out), float::<B, 4>(grad), float::<B, 3>(lse));
+    let [batch, heads, rows, d] = q.dims();
+    let (mut dk, mut dv) = (k.zeros_like(), v.zeros_like());
+    let mut dqs = Vec::new();
+    for start in (0..rows).step_by(block.max(1)) {
+        let end = (start + block.max(1)).min(rows);
+        let span = [0..batch, 0..heads, start..end, 0..d];
+        let (q, out, grad) = (
+            q.clone().slice(span.clone()),
+            out.clone().slice(span.clone()),
+            grad.clone().slice(span),
+        );
+        let lse = lse
+            .clone()
+            .slice([0..batch, 0..heads, start..end])
+            .unsqueeze_dim::<4>(3);
+        let scores = q.clone().matmul(k.clone().swap_dims(2, 3)) + mask.bias::<B>(&q, start);
+        let probs = (scores - lse).exp();
+        dv = dv + probs.clone().swap_dims(2, 3).matmul(grad.clone());
+        let dp = grad.clone().matmul(v.clone().swap_dims(2, 3));
+        let ds = probs * (dp - (grad * out).sum_dim(3));
+        dqs.push(ds.clone().matmul(k.clone()));
+        dk = dk + ds.swap_dims(2, 3).matmul(q);
+    }
+    (primitive(Tensor::cat(dqs, 2)), primitive(dk), primitive(dv))
+}
+
+/// Causal grouped-query attention, `softmax(q k^T + mask) v` over the
+/// keys `mask` lets each query see, as one operation: on the CPU backend
+/// one query row at a time, so that no `rows x keys` score matrix is ever
+/// held, and a backward pass that recomputes the probabilities from the
+/// rows' log-sum-exp. Each sum runs over the keys in order: the result is
+/// fixed by the shapes (the bits differ from `softmax(q k^T + bias) v`
+/// computed as three operations).
+///
+/// # Shapes
+/// - `q`: `[batch, kv_heads, group * seq, d]`, already scaled by `d^-1/2`
+/// - `k`, `v`: `[batch, kv_heads, start + seq, d]`
+/// - returns `[batch, kv_heads, group * seq, d]`
+pub fn attention<B: ModelBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: &CausalMask,
+) -> Tensor<B, 4> {
+    let ([b, h, rows, d], [kb, kh, keys, kd]) = (q.dims(), k.dims());
+    assert!(
+        [b, h, d] == [kb, kh, kd] && k.dims() == v.dims(),
+        "attention: q {:?}, k {:?} and v {:?} do not match",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+    assert!(
+        mask.pad_left.len() == b
+            && mask.seq > 0
+            && rows % mask.seq == 0
+            && keys == mask.start + mask.seq,
+        "attention: the mask ({} rows, start {}, seq {}) does not fit q {:?} and k {:?}",
+        mask.pad_left.len(),
+        mask.start,
+        mask.seq,
+        q.dims(),
+        k.dims()
+    );
+    float(B::causal_attention(
+        primitive(q),
+        primitive(k),
+        primitive(v),
+        mask,
+    ))
 }
 
 #[cfg(feature = "ndarray")]

@@ -76,14 +76,14 @@ pub use checkpoint::Checkpoint;
 pub use config::{Family, TransformerConfig};
 pub use error::{ModelError, Result};
 pub use generate::{generate, generate_greedy, FinishReason, Generation, GenerationConfig};
-pub use logprobs::{completion_logprobs, CompletionLogprobs};
+pub use logprobs::{completion_logprobs, layerwise_gradients, CompletionLogprobs};
 pub use lora::LoraConfig;
 pub use mappa_core::{RngStream, SeedTree};
 pub use mappa_kernels::{self as kernels, AutodiffModelBackend, ModelBackend};
 pub use model::{Logits, Model};
 pub use sampling::SamplingConfig;
 pub use tokenizer::{HfTokenizer, Tokenizer};
-pub use transformer::Transformer;
+pub use transformer::{AttentionKind, Transformer};
 pub use weights::StorageDtype;
 
 /// The backend the unit tests run on.

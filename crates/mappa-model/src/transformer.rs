@@ -83,6 +83,36 @@ pub struct Transformer<B: Backend> {
     /// The LoRA settings of the adapters on the linear layers, if any.
     #[module(skip)]
     pub(crate) adapters: Option<LoraConfig>,
+    /// How attention is computed.
+    #[module(skip)]
+    attention: AttentionKind,
+}
+
+/// How a model computes attention: the same function, with different
+/// memory and different last bits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttentionKind {
+    /// The scores of all queries against all keys, an additive mask, a
+    /// softmax, then the values (`H S^2` floats per sequence and layer,
+    /// saved for the backward pass, plus the mask). The default: what
+    /// existing results were computed with.
+    #[default]
+    Dense,
+    /// One operation ([`kernels::attention`]): on the CPU one query row at a
+    /// time, never holding a score matrix, and a backward pass that
+    /// recomputes the probabilities from each row's log-sum-exp.
+    Fused,
+}
+
+/// Which keys each query sees, in the form the attention kind uses.
+#[derive(Debug, Clone)]
+pub enum AttentionMask<B: Backend> {
+    /// An additive bias, `[batch, kv_heads, group, seq, past + seq]`
+    /// ([`AttentionKind::Dense`]).
+    Bias(Tensor<B, 5>),
+    /// The causal mask's description ([`AttentionKind::Fused`]).
+    Causal(kernels::CausalMask),
 }
 
 /// Per-forward inputs shared by every layer: rotary tables and the attention bias.
@@ -92,8 +122,8 @@ pub struct LayerInputs<B: Backend> {
     pub rope_q: RopeTables<B>,
     /// Rotary tables for the key heads.
     pub rope_k: RopeTables<B>,
-    /// Additive attention bias, `[batch, kv_heads, group, seq, past + seq]`.
-    pub bias: Tensor<B, 5>,
+    /// Which keys each query sees.
+    pub mask: AttentionMask<B>,
     /// Rows of the batch.
     pub batch: usize,
     /// Columns of this forward call.
@@ -193,10 +223,15 @@ impl<B: ModelBackend> Attention<B> {
         // heads of a group are stacked as rows against their one key/value head.
         let t = k.dims()[2];
         let q = q.reshape([b, kvh, rep * s, hd]);
-        let scores = kernels::matmul(q, k.swap_dims(2, 3))
-            + inputs.bias.clone().reshape([b, kvh, rep * s, t]);
-        let probs = kernels::softmax(scores);
-        let out = kernels::matmul(probs, v).reshape([b, kvh, rep, s, hd]);
+        let out = match &inputs.mask {
+            AttentionMask::Bias(bias) => {
+                let scores = kernels::matmul(q, k.swap_dims(2, 3))
+                    + bias.clone().reshape([b, kvh, rep * s, t]);
+                kernels::matmul(kernels::softmax(scores), v)
+            }
+            AttentionMask::Causal(mask) => kernels::attention(q, k, v, mask),
+        };
+        let out = out.reshape([b, kvh, rep, s, hd]);
         let out = out.permute([0, 3, 1, 2, 4]).reshape([n, h * hd]);
         self.o_proj.forward(out)
     }
@@ -305,6 +340,17 @@ impl Window<'_> {
 }
 
 impl<B: Backend> Transformer<B> {
+    /// The model computing attention as `kind` says (the weights unchanged).
+    pub fn with_attention(mut self, kind: AttentionKind) -> Self {
+        self.attention = kind;
+        self
+    }
+
+    /// How the model computes attention.
+    pub fn attention(&self) -> AttentionKind {
+        self.attention
+    }
+
     /// Assembles a model from its parts (used by the initialisers and the weight loader).
     pub(crate) fn from_parts(
         config: TransformerConfig,
@@ -322,6 +368,7 @@ impl<B: Backend> Transformer<B> {
             config,
             rope,
             adapters: None,
+            attention: AttentionKind::Dense,
         }
     }
 
@@ -374,14 +421,7 @@ impl<B: ModelBackend> Transformer<B> {
             );
         }
         let c = &self.config;
-        let positions = window.positions();
-        let inputs = LayerInputs {
-            rope_q: self.rope.tables::<B>(&positions, c.num_heads, &device),
-            rope_k: self.rope.tables::<B>(&positions, c.num_kv_heads, &device),
-            bias: window.attention_bias::<B>(c.num_kv_heads, c.num_heads / c.num_kv_heads, &device),
-            batch,
-            seq: len,
-        };
+        let inputs = self.layer_inputs(window, batch, &device);
         let mut x = self
             .embed_tokens
             .forward(tokens)
@@ -394,6 +434,36 @@ impl<B: ModelBackend> Transformer<B> {
             cache.advance(len);
         }
         self.norm.forward(x).reshape([batch, len, c.hidden_size])
+    }
+
+    /// The rotary tables and attention bias of one window of a batch of
+    /// `batch` rows, shared by every layer.
+    pub(crate) fn layer_inputs(
+        &self,
+        window: &Window<'_>,
+        batch: usize,
+        device: &B::Device,
+    ) -> LayerInputs<B> {
+        let c = &self.config;
+        let positions = window.positions();
+        LayerInputs {
+            rope_q: self.rope.tables::<B>(&positions, c.num_heads, device),
+            rope_k: self.rope.tables::<B>(&positions, c.num_kv_heads, device),
+            mask: match self.attention {
+                AttentionKind::Dense => AttentionMask::Bias(window.attention_bias::<B>(
+                    c.num_kv_heads,
+                    c.num_heads / c.num_kv_heads,
+                    device,
+                )),
+                AttentionKind::Fused => AttentionMask::Causal(kernels::CausalMask {
+                    pad_left: window.pad_left.to_vec(),
+                    start: window.start,
+                    seq: window.len,
+                }),
+            },
+            batch,
+            seq: window.len,
+        }
     }
 
     /// Projects hidden states to vocabulary logits.

@@ -238,7 +238,8 @@ pub fn load_checkpoint<B: AutodiffModelBackend>(
         let device = learner.policy().device();
         let model = match learner.policy().lora_config() {
             Some(_) => load_adapters(learner.policy().without_adapters(), &agent_dir),
-            None => load_transformer::<B>(&agent_dir, &device),
+            None => load_transformer::<B>(&agent_dir, &device)
+                .map(|m| m.with_attention(learner.policy().attention())),
         }
         .map_err(|e| ck_err(&agent_dir, e))?;
         let ids_path = agent_dir.join("param_ids.json");

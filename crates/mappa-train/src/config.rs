@@ -1,6 +1,6 @@
 //! Hyper-parameters of a learner, as they appear in an experiment manifest.
 
-use mappa_model::LoraConfig;
+use mappa_model::{AttentionKind, LoraConfig};
 use serde::{Deserialize, Serialize};
 
 /// Optimiser, schedule and loss settings of one agent's learner.
@@ -49,6 +49,52 @@ pub struct TrainConfig {
     /// LoRA adapters on a frozen base (`[train.lora]`); none: full fine-tuning.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lora: Option<LoraConfig>,
+    /// Recompute activations one decoder layer at a time in the update
+    /// ([`mappa_model::layerwise_gradients`]): `true` for every agent, or
+    /// the roles that do. The update then holds one layer's activations and
+    /// a hidden state per layer instead of every layer's, for one more
+    /// forward pass; the gradients are the same bits, so no result changes.
+    #[serde(skip_serializing_if = "Recompute::is_off")]
+    pub recompute_layers: Recompute,
+    /// How the agents' models compute attention, in rollouts, log-prob
+    /// passes and updates: `dense` (the default) or `fused` (no score
+    /// matrix held; other last bits, so other results).
+    #[serde(skip_serializing_if = "is_dense")]
+    pub attention: AttentionKind,
+}
+
+fn is_dense(kind: &AttentionKind) -> bool {
+    *kind == AttentionKind::Dense
+}
+
+/// Which agents recompute activations layer by layer (`train.recompute_layers`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Recompute {
+    /// Every agent (`true`) or none (`false`).
+    All(bool),
+    /// The agents with these roles.
+    Roles(Vec<String>),
+}
+
+impl Default for Recompute {
+    fn default() -> Self {
+        Recompute::All(false)
+    }
+}
+
+impl Recompute {
+    /// Whether the agent `role` recomputes.
+    pub fn applies_to(&self, role: &str) -> bool {
+        match self {
+            Recompute::All(on) => *on,
+            Recompute::Roles(roles) => roles.iter().any(|r| r == role),
+        }
+    }
+
+    fn is_off(&self) -> bool {
+        matches!(self, Recompute::All(false))
+    }
 }
 
 impl Default for TrainConfig {
@@ -70,6 +116,8 @@ impl Default for TrainConfig {
             logprob_temperature: 1.0,
             logprob_batch_size: None,
             lora: None,
+            recompute_layers: Recompute::default(),
+            attention: AttentionKind::Dense,
         }
     }
 }

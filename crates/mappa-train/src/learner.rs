@@ -10,7 +10,10 @@ use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Opt
 use burn::prelude::*;
 use mappa_core::stats::mean_population_std;
 use mappa_model::AutodiffModelBackend;
-use mappa_model::{completion_logprobs, LoraConfig, ModelBackend, Transformer};
+use mappa_model::{
+    completion_logprobs, layerwise_gradients, CompletionLogprobs, LoraConfig, ModelBackend,
+    Transformer,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
@@ -85,7 +88,8 @@ pub struct AgentLearner<B: AutodiffModelBackend> {
 impl<B: AutodiffModelBackend> AgentLearner<B> {
     /// A learner whose reference is a frozen copy of `policy`, or, when
     /// `policy` carries LoRA adapters, its base without them (the same
-    /// weights, not a copy). `config.lora` and the policy's adapters must agree.
+    /// weights, not a copy). `config.lora` and the policy's adapters must
+    /// agree; both compute attention as `config.attention` says.
     pub fn new(
         name: impl Into<String>,
         policy: Transformer<B>,
@@ -100,6 +104,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                 policy.lora_config()
             )));
         }
+        let policy = policy.with_attention(config.attention);
         let reference = match policy.lora_config() {
             Some(_) => policy.valid().without_adapters(),
             None => policy.valid(),
@@ -271,11 +276,9 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             .iter()
             .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
             .collect();
-        let current =
-            completion_logprobs(&self.policy, &pairs, self.config.logprob_temperature as f32)?;
-        let width = current.logprobs.dims()[1];
+        let temperature = self.config.logprob_temperature as f32;
         let grid =
-            |f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
+            |width: usize, f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
                 let mut values = Vec::with_capacity(chunk.len() * width);
                 for s in chunk {
                     values.extend((0..width).map(|t| {
@@ -288,24 +291,35 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                 }
                 Tensor::from_data(TensorData::new(values, [chunk.len(), width]), &device)
             };
-        let out = ppo_clip_loss(
-            LossInputs {
-                logprobs: current.logprobs,
-                old_logprobs: grid(&|s, t| s.old_logprobs[t]),
-                ref_logprobs: grid(&|s, t| s.ref_logprobs[t]),
-                advantages: grid(&|s, t| s.advantages[t]),
-                mask: grid(&|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
-            },
-            loss_config,
-            tokens as f64,
-        );
-        metrics.loss += out.loss.clone().into_scalar().elem::<f64>();
+        let loss_of = |current: CompletionLogprobs<B>| {
+            let width = current.logprobs.dims()[1];
+            let out = ppo_clip_loss(
+                LossInputs {
+                    logprobs: current.logprobs,
+                    old_logprobs: grid(width, &|s, t| s.old_logprobs[t]),
+                    ref_logprobs: grid(width, &|s, t| s.ref_logprobs[t]),
+                    advantages: grid(width, &|s, t| s.advantages[t]),
+                    mask: grid(width, &|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
+                },
+                loss_config,
+                tokens as f64,
+            );
+            let loss = out.loss.clone();
+            (loss, out)
+        };
+        let (grads, out) = if self.config.recompute_layers.applies_to(&self.name) {
+            layerwise_gradients(&self.policy, &pairs, temperature, loss_of)?
+        } else {
+            let (loss, out) = loss_of(completion_logprobs(&self.policy, &pairs, temperature)?);
+            (
+                GradientsParams::from_grads(loss.backward(), &self.policy),
+                out,
+            )
+        };
+        metrics.loss += out.loss.into_scalar().elem::<f64>();
         metrics.clip_fraction += out.clipped_tokens;
         metrics.kl += out.kl_sum;
-        Ok(GradientsParams::from_grads(
-            out.loss.backward(),
-            &self.policy,
-        ))
+        Ok(grads)
     }
 
     /// One optimiser step on `samples` (all of this agent's actions in the

@@ -492,6 +492,14 @@ impl Manifest {
             ));
         }
         self.train.validate().map_err(|e| format!("train.{e}"))?;
+        if let crate::config::Recompute::Roles(roles) = &self.train.recompute_layers {
+            if let Some(role) = roles.iter().find(|r| !self.models.contains_key(*r)) {
+                return Err(format!(
+                    "train.recompute_layers: no agent {role:?} (the roles are {})",
+                    self.models.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
         self.credit.validate().map_err(|e| format!("credit: {e}"))?;
         if let Some(engine) = &r.engine {
             self.validate_engine(engine)?;
@@ -597,6 +605,8 @@ impl Manifest {
                         .logprob_batch_size
                         .map_or(all, |bound| all.min(bound))
                 },
+                recompute_layers: self.train.recompute_layers.applies_to(role),
+                fused_attention: self.train.attention == mappa_model::AttentionKind::Fused,
             });
         }
         Ok(crate::memory::plan(&PlanInputs {
@@ -694,9 +704,10 @@ pub fn run_id(lock: &Value) -> String {
 }
 
 /// A locked manifest without the keys that only feed the memory plan
-/// (`devices`, `rollout.max_prompt_tokens`, `models.*.plan_config`) or
-/// reach the engine (`rollout.engine.*`, kept as an empty table): they
-/// change no result, so they change neither the run id nor whether a run
+/// (`devices`, `rollout.max_prompt_tokens`, `models.*.plan_config`), reach
+/// the engine (`rollout.engine.*`, kept as an empty table) or trade memory
+/// for compute with the same bits (`train.recompute_layers`): they change
+/// no result, so they change neither the run id nor whether a run
 /// may be resumed.
 pub fn results_relevant(manifest: &Value) -> Value {
     let mut manifest = manifest.clone();
@@ -708,6 +719,9 @@ pub fn results_relevant(manifest: &Value) -> Value {
             if let Some(engine) = rollout.get_mut("engine") {
                 *engine = json!({});
             }
+        }
+        if let Some(train) = m.get_mut("train").and_then(Value::as_object_mut) {
+            train.remove("recompute_layers");
         }
         if let Some(models) = m.get_mut("models").and_then(Value::as_object_mut) {
             for model in models.values_mut() {

@@ -37,7 +37,17 @@
 //!   final norm (3 `h` per token) and the completion columns' logits and
 //!   log-softmax (2 `C V` per sequence); while one layer runs, its scores
 //!   (`H S^2` per sequence: the bias is added in place, since the product
-//!   that makes the scores is not shared).
+//!   that makes the scores is not shared). With `train.recompute_layers`
+//!   one layer's activations replace the `L` layers', plus `L + 3` hidden
+//!   states per token (each layer's input, the last output, and the
+//!   gradient arriving at a layer and leaving it). With `train.attention =
+//!   "fused"` no `H S^2` term is held anywhere (the bias, scores and
+//!   probabilities are replaced by each row's log-sum-exp, `H S` per
+//!   sequence and layer), in updates, log-prob passes and generation; one
+//!   block of scores is counted instead, as burn's default kernels (the GPU
+//!   backends) hold it: 4 `Hkv B S` per sequence for blocks of `B` stacked
+//!   query rows (`kernels::ATTENTION_BLOCK_ROWS`) in an update, 2 without
+//!   a gradient.
 //! - **Log-prob passes** (no gradient): the rollout policy's and the
 //!   reference's log-probs of all of an agent's actions of a step, in one
 //!   batch of `N` sequences: the bias plus one layer's scores (biased in
@@ -47,7 +57,8 @@
 //! - **Rollout**: the KV cache of every sequence an agent generates
 //!   together (2 `L Hkv d` per token, for the larger of a training step's
 //!   and an evaluation's batch), with the prompt pass's bias, scores and
-//!   probabilities (3 `H P^2` per sequence) and one step's logits.
+//!   probabilities (3 `H P^2` per sequence), its hidden state and one
+//!   layer's MLP (`h` + 3 `I` per token), and one step's logits.
 //!
 //! The peak is the held bytes plus the largest phase. The estimate leaves
 //! out the allocator's slack and the program itself.
@@ -76,6 +87,12 @@ pub struct AgentShape {
     /// Sequences in one log-prob pass: its actions of a training step, or
     /// fewer when `train.logprob_batch_size` bounds the pass.
     pub actions_per_step: usize,
+    /// Its update recomputes activations layer by layer
+    /// (`train.recompute_layers`).
+    pub recompute_layers: bool,
+    /// Its model computes attention as one fused operation
+    /// (`train.attention = "fused"`): no score matrix is held.
+    pub fused_attention: bool,
 }
 
 /// What the plan needs besides the agents.
@@ -204,25 +221,66 @@ impl Dims {
     }
 }
 
+/// The scores one block of fused attention holds: burn's default kernels
+/// (the GPU backends) compute [`ATTENTION_BLOCK_ROWS`] stacked query rows of
+/// a key/value head against every key at a time, with four tensors of that
+/// size live in a backward pass (scores, probabilities, their gradients)
+/// and two without (halve it). The CPU kernel holds one row per thread,
+/// which this over-counts.
+///
+/// [`ATTENTION_BLOCK_ROWS`]: mappa_model::kernels::ATTENTION_BLOCK_ROWS
+fn fused_block(x: &Dims, sequences: f64, s: f64) -> f64 {
+    let rows = (mappa_model::kernels::ATTENTION_BLOCK_ROWS as f64).min(x.heads / x.kv_heads * s);
+    4.0 * sequences * x.kv_heads * rows * s
+}
+
 /// Bytes the autodiff graph holds for one micro-batch of `m` sequences of
-/// `prompt + completion` columns (see the module docs for what is counted).
+/// `prompt + completion` columns, with every layer's activations saved or,
+/// with `recompute_layers`, one layer's (see the module docs for what is
+/// counted).
 pub fn activation_bytes(
     model: &TransformerConfig,
     m: usize,
     prompt: usize,
     completion: usize,
+    recompute_layers: bool,
+    fused_attention: bool,
 ) -> u64 {
     let x = Dims::of(model);
     let (m, c) = (m as f64, completion as f64);
     let s = prompt as f64 + c;
     let tokens = m * s;
-    let attention = m * x.heads * s * s;
-    let per_layer =
-        tokens * (4.0 * x.h + 5.0 * x.heads * x.d + 5.0 * x.kv_heads * x.d + 3.0 * x.i) + attention;
+    // Fused: each row's log-sum-exp instead of its probabilities, and no
+    // bias or scores.
+    let attention = if fused_attention {
+        0.0
+    } else {
+        m * x.heads * s * s
+    };
+    let lse = if fused_attention {
+        m * x.heads * s
+    } else {
+        0.0
+    };
+    let block = if fused_attention {
+        fused_block(&x, m, s)
+    } else {
+        0.0
+    };
+    let per_layer = tokens * (4.0 * x.h + 5.0 * x.heads * x.d + 5.0 * x.kv_heads * x.d + 3.0 * x.i)
+        + attention
+        + lse;
     let once = tokens * (2.0 * (x.heads + x.kv_heads) * x.d + 3.0 * x.h)
         + attention
         + 2.0 * m * c * x.vocab;
-    bytes(x.layers * per_layer + once + attention)
+    let saved = if recompute_layers {
+        // Each layer's input and the last output, the gradient arriving at
+        // a layer and the one it passes on; one layer's graph at a time.
+        (x.layers + 3.0) * tokens * x.h + per_layer
+    } else {
+        x.layers * per_layer
+    };
+    bytes(saved + once + attention + block)
 }
 
 /// Bytes live while the log-probs of `n` sequences are computed without a
@@ -232,28 +290,40 @@ pub fn logprob_pass_bytes(
     n: usize,
     prompt: usize,
     completion: usize,
+    fused_attention: bool,
 ) -> u64 {
     let x = Dims::of(model);
     let (n, c) = (n as f64, completion as f64);
     let s = prompt as f64 + c;
-    let attention = n * x.heads * s * s;
+    let attention = if fused_attention {
+        fused_block(&x, n, s) / 2.0
+    } else {
+        n * x.heads * s * s
+    };
     bytes(3.0 * attention + n * s * (x.h + 3.0 * x.i) + 2.0 * n * c * x.vocab)
 }
 
 /// Bytes live while `batch` sequences are generated: their KV cache for
-/// `prompt + completion` columns, the prompt pass's attention tensors and
-/// one step's logits.
+/// `prompt + completion` columns, the prompt pass's attention tensors,
+/// hidden state and MLP, and one step's logits.
 pub fn rollout_bytes(
     model: &TransformerConfig,
     batch: usize,
     prompt: usize,
     completion: usize,
+    fused_attention: bool,
 ) -> u64 {
     let x = Dims::of(model);
     let (b, p) = (batch as f64, prompt as f64);
-    let prefill = 3.0 * b * x.heads * p * p;
+    let prefill = if fused_attention {
+        fused_block(&x, b, p) / 2.0
+    } else {
+        3.0 * b * x.heads * p * p
+    };
     let kv = 2.0 * x.layers * x.kv_heads * x.d * b * (p + completion as f64);
-    bytes(kv + prefill + b * x.vocab)
+    // The prompt pass's hidden state and one layer's MLP.
+    let hidden = b * p * (x.h + 3.0 * x.i);
+    bytes(kv + prefill + hidden + b * x.vocab)
 }
 
 /// Bytes for people: MiB below a GiB, else GiB.
@@ -321,20 +391,39 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
         keep(
             Phase::Update,
             &agent.role,
-            activation_bytes(&agent.model, inputs.micro_batch, p, c),
+            activation_bytes(
+                &agent.model,
+                inputs.micro_batch,
+                p,
+                c,
+                agent.recompute_layers,
+                agent.fused_attention,
+            ),
             bytes(trained),
         );
         keep(
             Phase::Logprobs,
             &agent.role,
-            logprob_pass_bytes(&agent.model, agent.actions_per_step, p, c),
+            logprob_pass_bytes(
+                &agent.model,
+                agent.actions_per_step,
+                p,
+                c,
+                agent.fused_attention,
+            ),
             0,
         );
         if inputs.rollout_batch > 0 {
             keep(
                 Phase::Rollout,
                 &agent.role,
-                rollout_bytes(&agent.model, inputs.rollout_batch, p, c),
+                rollout_bytes(
+                    &agent.model,
+                    inputs.rollout_batch,
+                    p,
+                    c,
+                    agent.fused_attention,
+                ),
                 0,
             );
         }
@@ -508,6 +597,8 @@ mod tests {
                     base: "qwen3-4b".into(),
                     prompt_tokens: 512 + i * 1024,
                     actions_per_step: 2,
+                    recompute_layers: false,
+                    fused_attention: false,
                 })
                 .collect(),
             lora,
@@ -559,10 +650,17 @@ mod tests {
     #[test]
     fn activations_grow_with_the_micro_batch_and_the_square_of_the_sequence() {
         let model = qwen3_4b();
-        let a1 = activation_bytes(&model, 1, 512, 512);
-        assert_eq!(activation_bytes(&model, 2, 512, 512), 2 * a1);
-        let a4 = activation_bytes(&model, 1, 2048, 2048);
+        let a1 = activation_bytes(&model, 1, 512, 512, false, false);
+        assert_eq!(activation_bytes(&model, 2, 512, 512, false, false), 2 * a1);
+        let a4 = activation_bytes(&model, 1, 2048, 2048, false, false);
         assert!(a4 > 4 * a1 && a4 < 16 * a1);
+        // Layer by layer: one layer's graph instead of every layer's.
+        let r1 = activation_bytes(&model, 1, 512, 512, true, false);
+        assert!(r1 < a1 / 4, "{r1} against {a1}");
+        // Fused attention: linear in the sequence length.
+        let f1 = activation_bytes(&model, 1, 512, 512, false, true);
+        let f4 = activation_bytes(&model, 1, 2048, 2048, false, true);
+        assert!(f1 < a1 && f4 < 4 * f1 + f1 / 10, "{f1} {f4}");
     }
 
     #[test]

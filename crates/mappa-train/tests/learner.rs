@@ -264,6 +264,24 @@ fn micro_batches_accumulate_to_the_full_batch_update() {
 }
 
 #[test]
+fn recomputing_layer_by_layer_takes_the_same_steps_bit_for_bit() {
+    let advantages = [0.8, -0.3, 0.5, -1.0];
+    let mut plain = AgentLearner::new("solver", model(), config(1e-3, 10, 2)).unwrap();
+    let recomputing = TrainConfig {
+        recompute_layers: mappa_train::config::Recompute::Roles(vec!["solver".into()]),
+        ..config(1e-3, 10, 2)
+    };
+    let mut layered = AgentLearner::new("solver", model(), recomputing).unwrap();
+    for step in 0..2 {
+        let batch = samples(&plain, 30 + step, &advantages);
+        let a = plain.train_step(&batch, &loss_config()).unwrap();
+        let b = layered.train_step(&batch, &loss_config()).unwrap();
+        assert_eq!(a, b);
+    }
+    assert_eq!(hf_tensors(plain.policy()), hf_tensors(layered.policy()));
+}
+
+#[test]
 fn truncated_samples_are_masked_out() {
     let mut learner = AgentLearner::new("a", model(), config(1e-3, 10, 4)).unwrap();
     let mut batch = samples(&learner, 4, &[1.0]);
