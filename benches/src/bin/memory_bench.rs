@@ -65,12 +65,13 @@ struct Args {
     /// of N agents on one base), `logprob-N` and `generate-N` (inference
     /// phases of N sequences), each followed by any of `-ckpt` (burn's
     /// checkpointing), `-layers` (`train.recompute_layers`), `-fused`
-    /// (`train.attention = "fused"`) and `-cuda` (the CUDA backend, in a
-    /// build with `--features cuda`; step time only).
+    /// (`train.attention = "fused"`), `-bf16` (`train.base_dtype = "bf16"`,
+    /// LoRA only) and `-cuda` (the CUDA backend, in a build with `--features
+    /// cuda`; step time only).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt,full-1-layers,lora-1-layers,lora-1-fused,lora-1-layers-fused,logprob-16,logprob-16-fused,generate-16,generate-16-fused"
+        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt,full-1-layers,lora-1-layers,lora-1-fused,lora-1-layers-fused,lora-1-bf16,lora-3-bf16,lora-1-layers-bf16,logprob-16,logprob-16-fused,generate-16,generate-16-fused"
     )]
     configs: Vec<String>,
 }
@@ -179,6 +180,7 @@ fn predicted(
             })
             .collect(),
         lora: lora.then(self::lora),
+        bf16_base: modifiers.bf16_base,
         micro_batch: args.batch,
         completion_tokens: args.completion,
         rollout_batch: args.batch,
@@ -198,6 +200,8 @@ struct Modifiers {
     recompute_layers: bool,
     /// `-fused`: `train.attention = "fused"`.
     fused_attention: bool,
+    /// `-bf16`: `train.base_dtype = "bf16"` (LoRA only).
+    bf16_base: bool,
     /// `-cuda`: the CUDA backend.
     cuda: bool,
 }
@@ -215,8 +219,11 @@ fn child(config: &str, args: &Args) -> Measured {
             "ckpt" => modifiers.checkpointing = true,
             "layers" => modifiers.recompute_layers = true,
             "fused" => modifiers.fused_attention = true,
+            "bf16" => modifiers.bf16_base = true,
             "cuda" => modifiers.cuda = true,
-            other => panic!("{config}: unknown modifier {other:?} (ckpt, layers, fused, cuda)"),
+            other => {
+                panic!("{config}: unknown modifier {other:?} (ckpt, layers, fused, bf16, cuda)")
+            }
         }
     }
     match kind {
@@ -248,6 +255,13 @@ fn inference(
     let model: Transformer<mappa_model::Cpu> = load_transformer(&args.model, &Default::default())
         .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
     let model = model.with_attention(attention(modifiers));
+    let model = if modifiers.bf16_base {
+        burn::module::Module::no_grad(model)
+            .with_frozen_bf16_base()
+            .expect("a frozen base in bf16")
+    } else {
+        model
+    };
     let shape = model.config().clone();
     let mut rng = RngStream::from_u64(7);
     let mut ids = |len: usize| -> Vec<u32> {
@@ -301,7 +315,12 @@ fn inference(
         step_seconds: seconds,
         tokens_per_second: (n * args.completion) as f64 / seconds,
         measured_bytes: Some(peak),
-        predicted_bytes: 4 * shape.num_params() as u64 + phase,
+        predicted_bytes: if modifiers.bf16_base {
+            let (held, widened) = mappa_train::memory::bf16_base_inference_bytes(&shape);
+            held + widened + phase
+        } else {
+            4 * shape.num_params() as u64 + phase
+        },
     }
 }
 
@@ -317,12 +336,24 @@ fn measure<B: AutodiffModelBackend>(
     let base: Transformer<B> = load_transformer(&args.model, &device)
         .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
     let model_config = base.config().clone();
+    let base = if modifiers.bf16_base {
+        burn::module::Module::no_grad(base)
+            .with_frozen_bf16_base()
+            .expect("a frozen base in bf16")
+    } else {
+        base
+    };
     let train = TrainConfig {
         lr: 1e-5,
         micro_batch_size: args.batch,
         lora: lora.then(self::lora),
         recompute_layers: mappa_train::config::Recompute::All(modifiers.recompute_layers),
         attention: attention(modifiers),
+        base_dtype: if modifiers.bf16_base {
+            mappa_train::config::BaseDtype::Bf16
+        } else {
+            mappa_train::config::BaseDtype::F32
+        },
         ..Default::default()
     };
     let mut learners: Vec<AgentLearner<B>> = (0..agents)

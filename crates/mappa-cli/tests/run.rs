@@ -142,7 +142,7 @@ fn reproduce_aime_plans_and_names_what_is_missing() {
             "Qwen3-4B-Thinking-2507",
             // The memory plan, from the architecture in experiments/model-configs/.
             "memory plan:",
-            "base weights Qwen3-4B-Thinking-2507 (frozen)",
+            "base weights Qwen3-4B-Thinking-2507 (frozen, linear ones in bf16)",
             "log-prob pass, 1 sequences at a time",
             "generation of 4 sequences",
             "LoRA adapters (rank 32)",

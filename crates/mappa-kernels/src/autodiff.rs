@@ -87,6 +87,44 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         from_output::<B, C>(x, B::log_softmax_last, B::log_softmax_last_backward)
     }
 
+    fn to_f32(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct ToF32;
+
+        impl<B: ModelBackend> Backward<B, 1> for ToF32 {
+            /// The input's dtype.
+            type State = burn::tensor::FloatDType;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let dtype = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::float_cast(grad, dtype)
+                });
+            }
+        }
+
+        use burn::tensor::{DType, FloatDType};
+        let dtype = match x.primitive.dtype() {
+            DType::F32 => return x,
+            DType::F64 => FloatDType::F64,
+            DType::F16 => FloatDType::F16,
+            _ => FloatDType::BF16,
+        };
+        match ToF32
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(dtype, B::to_f32(x.primitive)),
+            OpsKind::UnTracked(prep) => prep.finish(B::to_f32(x.primitive)),
+        }
+    }
+
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,

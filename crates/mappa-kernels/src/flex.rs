@@ -246,6 +246,10 @@ impl ModelBackend for Flex {
         tensor(vec![long_sum(&x)], Shape::from(vec![1]))
     }
 
+    fn to_f32(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        f32_tensor(x)
+    }
+
     fn causal_attention_with_lse(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -559,11 +563,29 @@ fn write_slice(
 
 /// The tensor in f32 (flex's float tensors may also be f16 or bf16).
 fn f32_tensor(x: FlexTensor) -> FlexTensor {
-    if x.dtype() == DType::F32 {
-        x
-    } else {
-        Flex::float_cast(x, FloatDType::F32)
+    match x.dtype() {
+        DType::F32 => x,
+        DType::BF16 => widen_bf16(x),
+        _ => Flex::float_cast(x, FloatDType::F32),
     }
+}
+
+/// A bf16 tensor in f32: each value's 16 bits become the high half of an
+/// f32 (exact: what `float_cast` computes through f64, without it).
+fn widen_bf16(x: FlexTensor) -> FlexTensor {
+    let shape = x.shape();
+    let x = x.to_contiguous();
+    let start = x.layout().start_offset();
+    let source = &x.storage::<burn::tensor::bf16>()[start..start + shape.num_elements()];
+    let mut out = vec![0.0f32; source.len()];
+    out.par_chunks_mut(ELEMENTS_PER_TASK)
+        .zip(source.par_chunks(ELEMENTS_PER_TASK))
+        .for_each(|(out, source)| {
+            for (o, &b) in out.iter_mut().zip(source) {
+                *o = f32::from_bits(u32::from(b.to_bits()) << 16);
+            }
+        });
+    tensor(out, shape)
 }
 
 /// A tensor's f32 elements in row-major order, read in place from its
@@ -930,6 +952,26 @@ mod tests {
             );
             assert_eq!(&got[batch * 20..(batch + 1) * 20], &want[..]);
         }
+    }
+
+    #[test]
+    fn widening_bf16_is_burns_cast_bit_for_bit() {
+        use burn::tensor::ops::FloatTensorOps;
+        let values: Vec<f32> = (0..40_000)
+            .map(|i| ((i as f32) * 0.37).sin() * 10f32.powi(i % 7 - 3))
+            .chain([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40])
+            .collect();
+        let n = values.len();
+        let x = Flex::float_cast(tensor(values, Shape::from(vec![n])), FloatDType::BF16);
+        let ours = f32_tensor(x.clone());
+        let theirs = Flex::float_cast(x, FloatDType::F32);
+        let bits = |t: &FlexTensor| {
+            t.storage::<f32>()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bits(&ours), bits(&theirs));
     }
 
     #[test]

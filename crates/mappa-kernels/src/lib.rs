@@ -189,6 +189,18 @@ pub trait ModelBackend: Backend {
         dense_causal_attention_backward::<Self>(q, k, v, out, lse, grad, mask, ATTENTION_BLOCK_ROWS)
     }
 
+    /// `x` in f32 (itself when it is already): how frozen weights stored in
+    /// a half-precision dtype enter the f32 computation. The CPU backend
+    /// widens bf16 by moving its bits (exact, in parallel).
+    fn to_f32(x: FloatTensor<Self>) -> FloatTensor<Self> {
+        use burn::tensor::TensorMetadata;
+        if x.dtype() == burn::tensor::DType::F32 {
+            x
+        } else {
+            Self::float_cast(x, burn::tensor::FloatDType::F32)
+        }
+    }
+
     /// The sum of all elements, as a tensor of shape `[1]`.
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_sum(x)
@@ -306,6 +318,12 @@ pub fn softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D>
 /// Log-softmax over the last dimension.
 pub fn log_softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     float(B::log_softmax_last(primitive(x)))
+}
+
+/// `x` in f32: half-precision storage widened for computation (a no-op
+/// for f32 tensors).
+pub fn to_f32<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    float(B::to_f32(primitive(x)))
 }
 
 /// The sum of all elements.

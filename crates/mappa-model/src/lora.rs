@@ -24,6 +24,7 @@ use std::path::Path;
 
 use burn::module::Param;
 use burn::prelude::*;
+use burn::tensor::FloatDType;
 use mappa_core::RngStream;
 use serde::{Deserialize, Serialize};
 
@@ -244,6 +245,33 @@ impl<B: Backend> Transformer<B> {
         Ok(self)
     }
 
+    /// Stores the frozen base's linear weights (every projection and the
+    /// output head; not the embeddings, norms or biases) in bf16, halving
+    /// their memory; each product widens its weight to f32 (exactly) and
+    /// computes in f32. The rounding to bf16 changes the model's outputs in
+    /// their third significant digit. Refuses weights that can be trained:
+    /// only a frozen base (after [`with_lora`](Self::with_lora) or
+    /// [`no_grad`](burn::module::Module::no_grad)) is stored so.
+    pub fn with_frozen_bf16_base(mut self) -> Result<Self> {
+        fn store<B: Backend>(dense: &mut Dense<B>) -> Result<()> {
+            let weight = dense.weight.val();
+            if weight.is_require_grad() {
+                return Err(ModelError::Input(
+                    "bf16 base: the base weights can be trained; freeze them first (LoRA)".into(),
+                ));
+            }
+            dense.weight = Param::initialized(dense.weight.id, weight.cast(FloatDType::BF16));
+            Ok(())
+        }
+        for (_, _, dense) in projections_mut(&mut self) {
+            store(dense)?;
+        }
+        if let Some(head) = &mut self.lm_head {
+            store(head)?;
+        }
+        Ok(self)
+    }
+
     /// The base model: the same weights (shared, not copied) without the adapters.
     pub fn without_adapters(&self) -> Self {
         let mut base = self.clone();
@@ -260,7 +288,7 @@ impl<B: Backend> Transformer<B> {
     pub fn merge_adapters(mut self) -> Self {
         for (_, _, dense) in projections_mut(&mut self) {
             if let Some(lora) = dense.lora.take() {
-                let merged = dense.weight.val() + lora.delta();
+                let merged = dense.weight.val().cast(FloatDType::F32) + lora.delta();
                 dense.weight = Param::initialized(dense.weight.id, merged);
             }
         }
@@ -613,6 +641,76 @@ mod tests {
         let lora = model.layers[0].self_attn.q_proj.lora.as_ref().unwrap();
         let b_grad = lora.lora_b.grad(&grads).expect("lora_B has a gradient");
         assert!(b_grad.abs().sum().into_scalar() > 0.0);
+    }
+
+    /// A bf16 base computes what its bf16-rounded f32 weights compute, bit
+    /// for bit (widening is exact), gradients included; it is close to the
+    /// f32 base; trainable weights are refused.
+    #[test]
+    fn a_bf16_base_computes_with_its_rounded_weights() {
+        type Ad = Autodiff<TestBackend>;
+        let device = Default::default();
+        let fresh = || {
+            TransformerConfig::for_family(Family::Qwen3, 40, 16, 24, 2, 4, 2, 8)
+                .with_tie_word_embeddings(false)
+                .init::<Ad>(3, &device)
+        };
+        let err = fresh().with_frozen_bf16_base().unwrap_err().to_string();
+        assert!(err.contains("freeze them first"), "{err}");
+        let lora = LoraConfig::new(2, 4.0);
+        let f32_model = fresh()
+            .with_lora(&lora, &mut RngStream::from_u64(1))
+            .unwrap();
+        let bf16 = f32_model.clone().with_frozen_bf16_base().unwrap();
+        assert_eq!(
+            bf16.layers[0].mlp.up_proj.weight.val().dtype(),
+            burn::tensor::DType::BF16
+        );
+        // The same model with the rounded weights kept in f32.
+        let mut rounded = f32_model.clone();
+        for (_, _, dense) in projections_mut(&mut rounded) {
+            let w = dense
+                .weight
+                .val()
+                .cast(FloatDType::BF16)
+                .cast(FloatDType::F32);
+            dense.weight = Param::initialized(dense.weight.id, w);
+        }
+        if let Some(head) = &mut rounded.lm_head {
+            let w = head
+                .weight
+                .val()
+                .cast(FloatDType::BF16)
+                .cast(FloatDType::F32);
+            head.weight = Param::initialized(head.weight.id, w);
+        }
+        let ids =
+            Tensor::<Ad, 2, Int>::from_data(TensorData::new(vec![1i32, 5, 9, 2], [1, 4]), &device);
+        let run = |m: &Transformer<Ad>| {
+            let out = m.forward(ids.clone());
+            let values: Vec<f32> = out.clone().into_data().to_vec().unwrap();
+            let grads = out.sum().backward();
+            let lora = m.layers[1].mlp.down_proj.lora.as_ref().unwrap();
+            let g: Vec<f32> = lora
+                .lora_b
+                .grad(&grads)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+            (values, g)
+        };
+        let (a, ga) = run(&bf16);
+        let (b, gb) = run(&rounded);
+        assert_eq!(a, b);
+        assert_eq!(ga, gb);
+        let (c, _) = run(&f32_model);
+        let worst = a
+            .iter()
+            .zip(&c)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(worst > 0.0 && worst < 0.05, "{worst}");
     }
 
     #[test]

@@ -171,14 +171,12 @@ impl<B: ModelBackend> Dense<B> {
     /// # Shapes
     /// - `x`: `[rows, in]`; returns `[rows, out]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        // A frozen weight may be stored in bf16 (`with_frozen_bf16_base`).
+        let weight = kernels::to_f32(self.weight.val());
         match &self.lora {
-            None => dense_forward(self.weight.val(), self.bias.as_ref().map(Param::val), x),
+            None => dense_forward(weight, self.bias.as_ref().map(Param::val), x),
             Some(lora) => {
-                let base = dense_forward(
-                    self.weight.val(),
-                    self.bias.as_ref().map(Param::val),
-                    x.clone(),
-                );
+                let base = dense_forward(weight, self.bias.as_ref().map(Param::val), x.clone());
                 base + lora.forward(x)
             }
         }

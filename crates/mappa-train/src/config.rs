@@ -61,6 +61,26 @@ pub struct TrainConfig {
     /// matrix held; other last bits, so other results).
     #[serde(skip_serializing_if = "is_dense")]
     pub attention: AttentionKind,
+    /// How the frozen base's linear weights are stored under LoRA: `f32`
+    /// (the default) or `bf16` (half the memory; each product widens its
+    /// weight to f32; the rounding changes results).
+    #[serde(skip_serializing_if = "is_f32")]
+    pub base_dtype: BaseDtype,
+}
+
+/// The storage of a frozen base's linear weights (`train.base_dtype`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaseDtype {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// bfloat16.
+    Bf16,
+}
+
+fn is_f32(dtype: &BaseDtype) -> bool {
+    *dtype == BaseDtype::F32
 }
 
 fn is_dense(kind: &AttentionKind) -> bool {
@@ -118,6 +138,7 @@ impl Default for TrainConfig {
             lora: None,
             recompute_layers: Recompute::default(),
             attention: AttentionKind::Dense,
+            base_dtype: BaseDtype::F32,
         }
     }
 }
@@ -201,6 +222,12 @@ impl TrainConfig {
             "logprob_temperature",
             "a positive number",
         )?;
+        if self.base_dtype == BaseDtype::Bf16 && self.lora.is_none() {
+            return Err(
+                "base_dtype = \"bf16\": only a frozen base is stored in bf16; add [train.lora]"
+                    .into(),
+            );
+        }
         if let Some(lora) = &self.lora {
             lora.validate().map_err(|e| format!("lora.{e}"))?;
         }

@@ -612,6 +612,7 @@ impl Manifest {
         Ok(crate::memory::plan(&PlanInputs {
             agents: shapes,
             lora: self.train.lora.clone(),
+            bf16_base: self.train.base_dtype == crate::config::BaseDtype::Bf16,
             micro_batch: self.train.micro_batch_size,
             completion_tokens: r.max_new_tokens,
             rollout_batch: match r.engine {
@@ -756,5 +757,20 @@ mod tests {
             results_relevant(&a["manifest"]),
             results_relevant(&none["manifest"])
         );
+    }
+
+    #[test]
+    fn a_bf16_base_needs_lora() {
+        let mut train = TrainConfig {
+            base_dtype: crate::config::BaseDtype::Bf16,
+            ..Default::default()
+        };
+        let err = train.validate().unwrap_err();
+        assert!(
+            err.starts_with("base_dtype") && err.contains("[train.lora]"),
+            "{err}"
+        );
+        train.lora = Some(mappa_model::LoraConfig::new(4, 8.0));
+        train.validate().unwrap();
     }
 }

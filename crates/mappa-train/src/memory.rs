@@ -102,6 +102,9 @@ pub struct PlanInputs {
     pub agents: Vec<AgentShape>,
     /// LoRA settings (none: full fine-tuning).
     pub lora: Option<LoraConfig>,
+    /// The frozen base's linear weights are stored in bf16
+    /// (`train.base_dtype = "bf16"`, LoRA only).
+    pub bf16_base: bool,
     /// Sequences per forward/backward pass.
     pub micro_batch: usize,
     /// Most new tokens per action.
@@ -219,6 +222,35 @@ impl Dims {
             vocab: n(model.vocab_size),
         }
     }
+}
+
+/// The linear weights of one decoder layer (the seven projections), and
+/// of the output head (0 when tied to the embeddings).
+fn linear_params(model: &TransformerConfig) -> (f64, f64) {
+    let n = |x: usize| x as f64;
+    let (h, q, kv, i) = (
+        n(model.hidden_size),
+        n(model.num_heads) * n(model.head_dim),
+        n(model.num_kv_heads) * n(model.head_dim),
+        n(model.intermediate_size),
+    );
+    let head = if model.tie_word_embeddings {
+        0.0
+    } else {
+        n(model.vocab_size) * h
+    };
+    (h * (q + 2.0 * kv) + q * h + 3.0 * h * i, head)
+}
+
+/// A bf16 base without a graph (inference): its bytes held, and the
+/// largest weight widened to f32 while it is used.
+pub fn bf16_base_inference_bytes(model: &TransformerConfig) -> (u64, u64) {
+    let (per_layer, head) = linear_params(model);
+    let linear = per_layer * model.num_layers as f64 + head;
+    (
+        bytes(model.num_params() as f64 - linear / 2.0),
+        bytes(head.max(per_layer / 3.0)),
+    )
 }
 
 /// The scores one block of fused attention holds: burn's default kernels
@@ -352,14 +384,34 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
     };
     for agent in &inputs.agents {
         let params = agent.model.num_params() as f64;
+        // A bf16 base: its linear weights at 2 bytes, each widened to f32
+        // when used: one at a time without a graph, and kept by the graph
+        // of an update (every layer's, or one layer's when recomputing).
+        let (per_layer, head) = linear_params(&agent.model);
+        let bf16 = inputs.bf16_base && inputs.lora.is_some();
+        let (narrowed, widened_update, widened_pass) = if bf16 {
+            let all = per_layer * agent.model.num_layers as f64 + head;
+            let update = if agent.recompute_layers {
+                per_layer + head
+            } else {
+                all
+            };
+            let largest = head.max(per_layer / 3.0);
+            (all / 2.0, update, largest)
+        } else {
+            (0.0, 0.0, 0.0)
+        };
         if bases_seen.insert(agent.base.clone()) {
-            let what = match inputs.lora {
-                Some(_) => format!("base weights {} (frozen)", agent.base),
-                None => format!("reference weights {} (frozen)", agent.base),
+            let what = match (&inputs.lora, bf16) {
+                (Some(_), true) => {
+                    format!("base weights {} (frozen, linear ones in bf16)", agent.base)
+                }
+                (Some(_), false) => format!("base weights {} (frozen)", agent.base),
+                (None, _) => format!("reference weights {} (frozen)", agent.base),
             };
             items.push(Item {
                 what,
-                bytes: bytes(params),
+                bytes: bytes(params - narrowed),
                 phase: Phase::Held,
             });
         }
@@ -398,7 +450,8 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
                 c,
                 agent.recompute_layers,
                 agent.fused_attention,
-            ),
+            )
+            .saturating_add(bytes(widened_update)),
             bytes(trained),
         );
         keep(
@@ -410,7 +463,8 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
                 p,
                 c,
                 agent.fused_attention,
-            ),
+            )
+            .saturating_add(bytes(widened_pass)),
             0,
         );
         if inputs.rollout_batch > 0 {
@@ -423,7 +477,8 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
                     p,
                     c,
                     agent.fused_attention,
-                ),
+                )
+                .saturating_add(bytes(widened_pass)),
                 0,
             );
         }
@@ -436,8 +491,13 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
                     bytes: extra,
                     phase,
                 });
+                let widened = if inputs.bf16_base && inputs.lora.is_some() {
+                    " and f32 copies of the bf16 weights"
+                } else {
+                    ""
+                };
                 format!(
-                    "{role}: saved activations (micro-batch {})",
+                    "{role}: saved activations (micro-batch {}){widened}",
                     inputs.micro_batch
                 )
             }
@@ -467,8 +527,13 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
         .map(|a| a.prompt_tokens)
         .max()
         .unwrap_or(0);
+    let weights = if inputs.bf16_base && inputs.lora.is_some() {
+        "the base's linear weights in bf16, everything else in f32 (adapters, gradients, AdamW state, computation)"
+    } else {
+        "f32 weights, gradients and AdamW state"
+    };
     let mut assumptions = vec![format!(
-        "one device; f32 weights, gradients and AdamW state; sequences of up to {} prompt + {} completion tokens",
+        "one device; {weights}; sequences of up to {} prompt + {} completion tokens",
         longest, inputs.completion_tokens
     )];
     if inputs.rollout_batch == 0 {
@@ -602,11 +667,36 @@ mod tests {
                 })
                 .collect(),
             lora,
+            bf16_base: false,
             micro_batch: 1,
             completion_tokens: 1024,
             rollout_batch: 2,
             capacity: Some(80 << 30),
         }
+    }
+
+    #[test]
+    fn a_bf16_base_halves_the_linear_weights_and_an_update_widens_them() {
+        let lora = Some(LoraConfig::new(32, 64.0));
+        let f32_plan = plan(&inputs(lora.clone()));
+        let mut bf16 = inputs(lora);
+        bf16.bf16_base = true;
+        let bf16_plan = plan(&bf16);
+        let (per_layer, head) = linear_params(&qwen3_4b());
+        let linear = per_layer * qwen3_4b().num_layers as f64 + head;
+        let held = |p: &MemoryPlan| p.phase(Phase::Held) as f64;
+        assert_eq!(
+            held(&f32_plan) - held(&bf16_plan),
+            bytes(linear / 2.0) as f64
+        );
+        // Without recomputation the update's graph keeps every widened weight.
+        let update = |p: &MemoryPlan| p.phase(Phase::Update) as f64;
+        assert_eq!(update(&bf16_plan) - update(&f32_plan), bytes(linear) as f64);
+        for agent in &mut bf16.agents {
+            agent.recompute_layers = true;
+        }
+        let recomputed = plan(&bf16);
+        assert!(update(&recomputed) < update(&bf16_plan));
     }
 
     fn weights(plan: &MemoryPlan) -> u64 {
