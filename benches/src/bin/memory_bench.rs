@@ -152,6 +152,23 @@ fn samples<B: AutodiffModelBackend>(
         .collect()
 }
 
+/// The checkpoint, frozen and stored in bf16 with `-bf16`.
+fn load_base<B: mappa_model::ModelBackend>(
+    args: &Args,
+    modifiers: Modifiers,
+    device: &B::Device,
+) -> Transformer<B> {
+    let model = load_transformer(&args.model, device)
+        .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
+    if modifiers.bf16_base {
+        burn::module::Module::no_grad(model)
+            .with_frozen_bf16_base()
+            .expect("a frozen base in bf16")
+    } else {
+        model
+    }
+}
+
 fn attention(modifiers: Modifiers) -> mappa_model::AttentionKind {
     if modifiers.fused_attention {
         mappa_model::AttentionKind::Fused
@@ -185,6 +202,7 @@ fn predicted(
         completion_tokens: args.completion,
         rollout_batch: args.batch,
         capacity: None,
+        engine_reservation: 0,
     };
     // What the measured window holds: the held bytes and one update.
     let plan = plan(&inputs);
@@ -252,16 +270,8 @@ fn inference(
 ) -> Measured {
     use mappa_model::{completion_logprobs, generate_greedy, GenerationConfig};
     let own = status_kib("VmRSS:") * 1024;
-    let model: Transformer<mappa_model::Cpu> = load_transformer(&args.model, &Default::default())
-        .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
+    let model: Transformer<mappa_model::Cpu> = load_base(args, modifiers, &Default::default());
     let model = model.with_attention(attention(modifiers));
-    let model = if modifiers.bf16_base {
-        burn::module::Module::no_grad(model)
-            .with_frozen_bf16_base()
-            .expect("a frozen base in bf16")
-    } else {
-        model
-    };
     let shape = model.config().clone();
     let mut rng = RngStream::from_u64(7);
     let mut ids = |len: usize| -> Vec<u32> {
@@ -333,16 +343,8 @@ fn measure<B: AutodiffModelBackend>(
 ) -> Measured {
     let own = status_kib("VmRSS:") * 1024;
     let device = Default::default();
-    let base: Transformer<B> = load_transformer(&args.model, &device)
-        .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
+    let base: Transformer<B> = load_base(args, modifiers, &device);
     let model_config = base.config().clone();
-    let base = if modifiers.bf16_base {
-        burn::module::Module::no_grad(base)
-            .with_frozen_bf16_base()
-            .expect("a frozen base in bf16")
-    } else {
-        base
-    };
     let train = TrainConfig {
         lr: 1e-5,
         micro_batch_size: args.batch,

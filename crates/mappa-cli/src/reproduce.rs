@@ -118,6 +118,14 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
         ));
     }
     out.extend(manifest.data.family().missing());
+    if let Some(engine) = &manifest.rollout.engine {
+        if let Err(why) = mappa_train::engine::probe(engine) {
+            out.push((
+                format!("the inference engine of [rollout.engine] ({why})"),
+                "start it: the vLLM command line in the README, or `mappa serve MODEL_DIR --port N` on the CPU".into(),
+            ));
+        }
+    }
     if let Judge::OpenAi(OpenAiConfig {
         api_key_env: Some(var),
         ..

@@ -88,16 +88,6 @@ fn manifest_with(dir: &Path, extra: &str) -> PathBuf {
     path
 }
 
-fn run_dir(runs: &Path) -> PathBuf {
-    let dirs: Vec<_> = std::fs::read_dir(runs)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
-}
-
 fn records(run: &Path) -> (String, String) {
     (
         std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),

@@ -13,17 +13,6 @@ fn manifest() -> PathBuf {
     workspace().join("fixtures/manifests/tiny-arith.toml")
 }
 
-/// The single run directory under `runs`.
-fn run_dir(runs: &Path) -> PathBuf {
-    let dirs: Vec<_> = std::fs::read_dir(runs)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
-}
-
 fn weights(run: &Path) -> Vec<(String, Vec<u8>)> {
     ["problem_solver", "code_executor", "verifier"]
         .iter()

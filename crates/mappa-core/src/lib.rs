@@ -18,6 +18,7 @@ pub mod chat;
 pub mod error;
 pub mod fs;
 pub mod hash;
+pub mod http;
 pub mod paired;
 pub mod par;
 pub mod rng;

@@ -14,6 +14,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
+use mappa_core::http::snippet;
 use mappa_core::rng::{RngStream, SeedTree};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -132,17 +133,11 @@ impl OpenAiBackend {
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(bad("base_url", "an http:// or https:// URL"));
         }
-        let api_key = match config.api_key_env.as_ref().filter(|_| read_key) {
-            Some(var) => match std::env::var(var) {
-                Ok(key) if !key.is_empty() => Some(key),
-                _ => {
-                    return Err(CoachError::Config(format!(
-                        "openai.api_key_env: the environment variable {var} is not set"
-                    )))
-                }
-            },
-            None => None,
-        };
+        let api_key = mappa_core::http::api_key_from_env(
+            config.api_key_env.as_deref().filter(|_| read_key),
+            "openai.api_key_env",
+        )
+        .map_err(CoachError::Config)?;
         let agent = ureq::AgentBuilder::new()
             .timeout(Duration::from_secs_f64(config.timeout_s))
             .build();
@@ -250,16 +245,6 @@ impl OpenAiBackend {
             }
             Err(ureq::Error::Transport(t)) => Err((true, t.to_string(), None)),
         }
-    }
-}
-
-/// The first 300 characters of a body, for messages.
-fn snippet(text: &str) -> String {
-    let cut: String = text.chars().take(300).collect();
-    if cut.len() < text.len() {
-        format!("{cut}...")
-    } else {
-        cut
     }
 }
 

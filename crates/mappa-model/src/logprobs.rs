@@ -381,6 +381,25 @@ mod tests {
         counts: (usize, usize),
     }
 
+    impl<'a> Compare<'a> {
+        /// `a` and `b` compared over `model`'s parameters.
+        fn of(
+            model: &Transformer<CpuAutodiff>,
+            a: &'a GradientsParams,
+            b: &'a GradientsParams,
+        ) -> Self {
+            let mut compare = Compare {
+                a,
+                b,
+                worst: 0.0,
+                scale: 0.0,
+                counts: (0, 0),
+            };
+            model.visit(&mut compare);
+            compare
+        }
+    }
+
     impl burn::module::ModuleVisitor<CpuAutodiff> for Compare<'_> {
         fn visit_float<const D: usize>(
             &mut self,
@@ -420,14 +439,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(value, plain_value);
-        let mut compare = Compare {
-            a: &plain,
-            b: &layerwise,
-            worst: 0.0,
-            scale: 0.0,
-            counts: (0, 0),
-        };
-        m.visit(&mut compare);
+        let compare = Compare::of(m, &plain, &layerwise);
         (compare.worst, compare.scale, compare.counts)
     }
 
@@ -511,14 +523,7 @@ mod tests {
             assert!((x - y).abs() < 1e-5, "{x} vs {y}");
         }
         assert_ne!(a, b, "other bits: the kernels sum in another order");
-        let mut compare = Compare {
-            a: &ga,
-            b: &gb,
-            worst: 0.0,
-            scale: 0.0,
-            counts: (0, 0),
-        };
-        dense.visit(&mut compare);
+        let compare = Compare::of(&dense, &ga, &gb);
         assert_eq!(compare.counts.0, compare.counts.1);
         assert!(
             compare.worst <= 1e-5 * compare.scale,

@@ -668,21 +668,19 @@ mod tests {
         );
         // The same model with the rounded weights kept in f32.
         let mut rounded = f32_model.clone();
-        for (_, _, dense) in projections_mut(&mut rounded) {
+        let round = |dense: &mut Dense<Ad>| {
             let w = dense
                 .weight
                 .val()
                 .cast(FloatDType::BF16)
                 .cast(FloatDType::F32);
             dense.weight = Param::initialized(dense.weight.id, w);
+        };
+        for (_, _, dense) in projections_mut(&mut rounded) {
+            round(dense);
         }
         if let Some(head) = &mut rounded.lm_head {
-            let w = head
-                .weight
-                .val()
-                .cast(FloatDType::BF16)
-                .cast(FloatDType::F32);
-            head.weight = Param::initialized(head.weight.id, w);
+            round(head);
         }
         let ids =
             Tensor::<Ad, 2, Int>::from_data(TensorData::new(vec![1i32, 5, 9, 2], [1, 4]), &device);

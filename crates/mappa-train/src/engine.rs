@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use burn::prelude::Backend;
 use mappa_agents::{AgentError, Policy, PolicyOutput, PolicyRequest};
+use mappa_core::http::snippet;
 use mappa_core::rng::SeedTree;
 use mappa_model::{ChatTemplate, HfTokenizer, Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
@@ -106,6 +107,29 @@ impl EngineSpec {
     }
 }
 
+/// Whether an engine answers at `spec.url` (`GET /models`, within 5
+/// seconds): what `mappa reproduce` checks before a run.
+pub fn probe(spec: &EngineSpec) -> Result<(), String> {
+    let url = format!("{}/models", spec.url.trim_end_matches('/'));
+    let key = mappa_core::http::api_key_from_env(
+        spec.api_key_env.as_deref(),
+        "rollout.engine.api_key_env",
+    )?;
+    let mut request = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .get(&url);
+    if let Some(key) = key {
+        request = request.set("Authorization", &format!("Bearer {key}"));
+    }
+    match request.call() {
+        Ok(_) => Ok(()),
+        Err(ureq::Error::Status(code, _)) => Err(format!("{url} answered HTTP {code}")),
+        // ureq's message names the URL.
+        Err(ureq::Error::Transport(t)) => Err(t.to_string()),
+    }
+}
+
 /// The `seed` a request sends: 64 bits drawn from the request's named
 /// stream. The engine seeds its sampler with it; mappa's own sampler does
 /// the same with `rollout.request_seeds = "u64"`
@@ -163,17 +187,11 @@ impl Engine {
     /// that share an engine apart). Reads the API key from the environment.
     pub fn new(spec: &EngineSpec, adapters_dir: &Path, prefix: &str) -> Result<Self, TrainError> {
         spec.validate().map_err(TrainError::Config)?;
-        let api_key = match &spec.api_key_env {
-            Some(var) => match std::env::var(var) {
-                Ok(key) if !key.is_empty() => Some(key),
-                _ => {
-                    return Err(TrainError::Config(format!(
-                        "rollout.engine.api_key_env: the environment variable {var} is not set"
-                    )))
-                }
-            },
-            None => None,
-        };
+        let api_key = mappa_core::http::api_key_from_env(
+            spec.api_key_env.as_deref(),
+            "rollout.engine.api_key_env",
+        )
+        .map_err(TrainError::Config)?;
         std::fs::create_dir_all(adapters_dir).map_err(|e| TrainError::io(adapters_dir, e))?;
         let adapters_dir =
             std::fs::canonicalize(adapters_dir).map_err(|e| TrainError::io(adapters_dir, e))?;
@@ -362,16 +380,6 @@ impl Engine {
             Failure::Transient(m) | Failure::NotFound(m) | Failure::Fatal(m) => m,
         };
         TrainError::Engine(format!("{what} at {}: {message}", self.base_url))
-    }
-}
-
-/// The first 300 characters of a body, for messages.
-fn snippet(text: &str) -> String {
-    let cut: String = text.chars().take(300).collect();
-    if cut.len() < text.len() {
-        format!("{cut}...")
-    } else {
-        cut
     }
 }
 
@@ -668,6 +676,14 @@ mod tests {
                 assert!(!out[0].prompt_ids.is_empty());
             },
         );
+    }
+
+    #[test]
+    fn probing_names_an_engine_that_does_not_answer() {
+        let err = probe(&spec("http://127.0.0.1:1/v1")).unwrap_err();
+        assert!(err.contains("127.0.0.1:1/v1/models"), "{err}");
+        let url = serve(|_| Reply::raw(200, r#"{"object": "list", "data": []}"#));
+        probe(&spec(&url)).unwrap();
     }
 
     #[test]

@@ -264,6 +264,11 @@ pub struct Manifest {
 pub struct DevicesSpec {
     /// The device's memory, in GiB.
     pub memory_gib: f64,
+    /// The memory an inference engine on the same device takes
+    /// (`[rollout.engine]`; vLLM's `--gpu-memory-utilization` times the
+    /// device's memory), in GiB; none: the engine runs elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_memory_gib: Option<f64>,
 }
 
 /// A comparison of arms over seeds: what `mappa reproduce NAME` runs when
@@ -505,6 +510,16 @@ impl Manifest {
             self.validate_engine(engine)?;
         }
         if let Some(devices) = &self.devices {
+            if let Some(engine) = devices.engine_memory_gib {
+                if r.engine.is_none() {
+                    return Err("devices.engine_memory_gib: there is no [rollout.engine]".into());
+                }
+                if !(engine.is_finite() && engine > 0.0 && engine < devices.memory_gib) {
+                    return Err(format!(
+                        "devices.engine_memory_gib = {engine}: expected a positive number below devices.memory_gib"
+                    ));
+                }
+            }
             if !(devices.memory_gib.is_finite() && devices.memory_gib > 0.0) {
                 return Err(format!(
                     "devices.memory_gib = {}: expected a positive number",
@@ -622,6 +637,11 @@ impl Manifest {
                     r.max_batch.map_or(all, |bound| all.min(bound))
                 }
             },
+            engine_reservation: self
+                .devices
+                .as_ref()
+                .and_then(|d| d.engine_memory_gib)
+                .map_or(0, |gib| (gib * GIB).min(u64::MAX as f64) as u64),
             capacity: self
                 .devices
                 .as_ref()

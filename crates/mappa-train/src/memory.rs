@@ -115,6 +115,9 @@ pub struct PlanInputs {
     pub rollout_batch: usize,
     /// The device's memory in bytes (none: not declared, not checked).
     pub capacity: Option<u64>,
+    /// Bytes an inference engine on the same device takes
+    /// (`[devices] engine_memory_gib`; 0: none there).
+    pub engine_reservation: u64,
 }
 
 /// One line of the plan.
@@ -227,19 +230,14 @@ impl Dims {
 /// The linear weights of one decoder layer (the seven projections), and
 /// of the output head (0 when tied to the embeddings).
 fn linear_params(model: &TransformerConfig) -> (f64, f64) {
-    let n = |x: usize| x as f64;
-    let (h, q, kv, i) = (
-        n(model.hidden_size),
-        n(model.num_heads) * n(model.head_dim),
-        n(model.num_kv_heads) * n(model.head_dim),
-        n(model.intermediate_size),
-    );
+    let x = Dims::of(model);
+    let (q, kv) = (x.heads * x.d, x.kv_heads * x.d);
     let head = if model.tie_word_embeddings {
         0.0
     } else {
-        n(model.vocab_size) * h
+        x.vocab * x.h
     };
-    (h * (q + 2.0 * kv) + q * h + 3.0 * h * i, head)
+    (x.h * (q + 2.0 * kv) + q * x.h + 3.0 * x.h * x.i, head)
 }
 
 /// A bf16 base without a graph (inference): its bytes held, and the
@@ -521,6 +519,13 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
             phase,
         });
     }
+    if inputs.engine_reservation > 0 {
+        items.push(Item {
+            what: "the inference engine on this device ([devices] engine_memory_gib)".into(),
+            bytes: inputs.engine_reservation,
+            phase: Phase::Held,
+        });
+    }
     let longest = inputs
         .agents
         .iter()
@@ -672,7 +677,18 @@ mod tests {
             completion_tokens: 1024,
             rollout_batch: 2,
             capacity: Some(80 << 30),
+            engine_reservation: 0,
         }
+    }
+
+    #[test]
+    fn an_engine_on_the_same_device_is_held_memory() {
+        let mut inputs = inputs(Some(LoraConfig::new(32, 64.0)));
+        let without = plan(&inputs);
+        inputs.engine_reservation = 24 << 30;
+        let with = plan(&inputs);
+        assert_eq!(with.peak() - without.peak(), 24 << 30);
+        assert!(with.render().contains("inference engine on this device"));
     }
 
     #[test]

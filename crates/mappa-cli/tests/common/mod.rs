@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The workspace root (where `experiments/`, `fixtures/` and the sandbox's
@@ -41,4 +41,15 @@ pub(crate) fn fails(cmd: &mut Command) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "expected a failure: {stderr}");
     stderr
+}
+
+/// The single run directory under `runs`.
+pub(crate) fn run_dir(runs: &Path) -> PathBuf {
+    let dirs: Vec<_> = std::fs::read_dir(runs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
 }
