@@ -28,6 +28,7 @@ use clap::Parser;
 use mappa_core::RngStream;
 use mappa_model::weights::load_transformer;
 use mappa_model::{AutodiffModelBackend, LoraConfig, Transformer, TransformerConfig};
+use mappa_train::config::BaseDtype;
 use mappa_train::memory::{plan, AgentShape, Phase, PlanInputs, GIB};
 use mappa_train::{AgentLearner, LossConfig, TrainConfig, TrainSample};
 use serde::{Deserialize, Serialize};
@@ -160,12 +161,16 @@ fn load_base<B: mappa_model::ModelBackend>(
 ) -> Transformer<B> {
     let model = load_transformer(&args.model, device)
         .unwrap_or_else(|e| panic!("{}: {e} (run `just models`)", args.model.display()));
+    base_dtype(modifiers)
+        .store(model)
+        .expect("a frozen base in bf16")
+}
+
+fn base_dtype(modifiers: Modifiers) -> BaseDtype {
     if modifiers.bf16_base {
-        burn::module::Module::no_grad(model)
-            .with_frozen_bf16_base()
-            .expect("a frozen base in bf16")
+        BaseDtype::Bf16
     } else {
-        model
+        BaseDtype::F32
     }
 }
 
@@ -351,11 +356,7 @@ fn measure<B: AutodiffModelBackend>(
         lora: lora.then(self::lora),
         recompute_layers: mappa_train::config::Recompute::All(modifiers.recompute_layers),
         attention: attention(modifiers),
-        base_dtype: if modifiers.bf16_base {
-            mappa_train::config::BaseDtype::Bf16
-        } else {
-            mappa_train::config::BaseDtype::F32
-        },
+        base_dtype: base_dtype(modifiers),
         ..Default::default()
     };
     let mut learners: Vec<AgentLearner<B>> = (0..agents)

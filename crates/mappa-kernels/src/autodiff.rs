@@ -449,25 +449,7 @@ mod tests {
         let (q1, k1, v1, q2, k2, v2) = (q(), k(), v(), q(), k(), v());
         let weights = param([b, h, group * seq, d], 14).detach();
         let mine = crate::attention(q1.clone(), k1.clone(), v1.clone(), &mask);
-        let mut bias = Vec::new();
-        for row in 0..b {
-            for _ in 0..h {
-                for r in 0..group * seq {
-                    let seen = mask.keys(row, mask.column(r));
-                    bias.extend((0..keys).map(|j| {
-                        if seen.contains(&j) {
-                            0.0
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    }));
-                }
-            }
-        }
-        let bias = Tensor::<CpuAutodiff, 4>::from_data(
-            TensorData::new(bias, [b, h, group * seq, keys]),
-            &Default::default(),
-        );
+        let bias = mask.bias::<CpuAutodiff>(h, 0..group * seq, &Default::default());
         let probs = burn::tensor::activation::softmax(
             q2.clone().matmul(k2.clone().swap_dims(2, 3)) + bias,
             3,

@@ -363,31 +363,41 @@ impl CausalMask {
         self.start + r % self.seq
     }
 
-    /// The additive bias of the query rows `q` (rows `first..` of the
-    /// `group * seq`) against every key, shaped like their scores
-    /// (`[batch, kv_heads, rows, keys]`): 0 where a query sees a key, `-inf`
-    /// elsewhere.
-    fn bias<B: Backend>(&self, q: &Tensor<B, 4>, first: usize) -> Tensor<B, 4> {
-        let [batch, heads, rows, _] = q.dims();
-        let keys = self.start + self.seq;
-        let mut values = Vec::with_capacity(batch * heads * rows * keys);
+    /// The additive bias of query rows `rows` (of the `group * seq` of a
+    /// key/value head) against every key, for each of `kv_heads` heads of
+    /// each batch row, shaped like their scores (`[batch, kv_heads,
+    /// rows.len(), start + seq]`): 0 where a query sees a key, `-inf`
+    /// elsewhere. Written out in full (no broadcasting, which CPU backends
+    /// do slowly).
+    pub fn bias<B: Backend>(
+        &self,
+        kv_heads: usize,
+        rows: std::ops::Range<usize>,
+        device: &B::Device,
+    ) -> Tensor<B, 4> {
+        let batch = self.pad_left.len();
+        let (count, keys) = (rows.len(), self.start + self.seq);
+        let mut values = Vec::with_capacity(batch * kv_heads * count * keys);
+        let mut block = Vec::with_capacity(count * keys);
         for b in 0..batch {
-            for _ in 0..heads {
-                for r in first..first + rows {
-                    let seen = self.keys(b, self.column(r));
-                    values.extend((0..keys).map(|k| {
-                        if seen.contains(&k) {
-                            0.0f32
-                        } else {
-                            f32::NEG_INFINITY
-                        }
-                    }));
-                }
+            block.clear();
+            for r in rows.clone() {
+                let seen = self.keys(b, self.column(r));
+                block.extend((0..keys).map(|k| {
+                    if seen.contains(&k) {
+                        0.0f32
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }));
+            }
+            for _ in 0..kv_heads {
+                values.extend_from_slice(&block);
             }
         }
         Tensor::from_data(
-            TensorData::new(values, [batch, heads, rows, keys]),
-            &q.device(),
+            TensorData::new(values, [batch, kv_heads, count, keys]),
+            device,
         )
     }
 }
@@ -413,7 +423,8 @@ fn dense_causal_attention_with_lse<B: Backend>(
     for start in (0..rows).step_by(block.max(1)) {
         let end = (start + block.max(1)).min(rows);
         let q = q.clone().slice([0..batch, 0..heads, start..end, 0..d]);
-        let scores = q.clone().matmul(keys_t.clone()) + mask.bias::<B>(&q, start);
+        let scores =
+            q.clone().matmul(keys_t.clone()) + mask.bias::<B>(heads, start..end, &q.device());
         let max = scores.clone().max_dim(3);
         let lse = (scores.clone() - max.clone()).exp().sum_dim(3).log() + max;
         let probs = (scores - lse.clone()).exp();
@@ -457,7 +468,8 @@ fn dense_causal_attention_backward<B: Backend>(
             .clone()
             .slice([0..batch, 0..heads, start..end])
             .unsqueeze_dim::<4>(3);
-        let scores = q.clone().matmul(k.clone().swap_dims(2, 3)) + mask.bias::<B>(&q, start);
+        let scores = q.clone().matmul(k.clone().swap_dims(2, 3))
+            + mask.bias::<B>(heads, start..end, &q.device());
         let probs = (scores - lse).exp();
         dv = dv + probs.clone().swap_dims(2, 3).matmul(grad.clone());
         let dp = grad.clone().matmul(v.clone().swap_dims(2, 3));

@@ -296,10 +296,19 @@ impl Window<'_> {
             .collect()
     }
 
-    /// The additive attention bias: a query at column `q` may see keys at
-    /// columns `pad..=q`. Every query may see itself, so that even a padding
-    /// query has one finite score and no NaN can arise. The bias is written
-    /// out for every head (no broadcasting, which CPU backends do slowly).
+    /// Which keys each query of this window sees ([`kernels::CausalMask`]:
+    /// a query at column `q` sees the keys at columns `pad..=q`, and always
+    /// itself, so that even a padding query has one finite score and no NaN
+    /// can arise).
+    pub fn causal_mask(&self) -> kernels::CausalMask {
+        kernels::CausalMask {
+            pad_left: self.pad_left.to_vec(),
+            start: self.start,
+            seq: self.len,
+        }
+    }
+
+    /// The causal mask as an additive bias, written out for every head.
     ///
     /// # Shapes
     /// - returns `[batch, kv_heads, group, len, start + len]`
@@ -309,31 +318,10 @@ impl Window<'_> {
         group: usize,
         device: &B::Device,
     ) -> Tensor<B, 5> {
-        let (q_len, k_len) = (self.len, self.start + self.len);
-        let batch = self.pad_left.len();
-        let heads = kv_heads * group;
-        let mut bias = Vec::with_capacity(batch * heads * q_len * k_len);
-        let mut block = Vec::with_capacity(q_len * k_len);
-        for &pad in self.pad_left {
-            block.clear();
-            for i in 0..q_len {
-                let q = self.start + i;
-                block.extend((0..k_len).map(|k| {
-                    if k == q || (k >= pad && k <= q) {
-                        0.0f32
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                }));
-            }
-            for _ in 0..heads {
-                bias.extend_from_slice(&block);
-            }
-        }
-        Tensor::from_data(
-            TensorData::new(bias, [batch, kv_heads, group, q_len, k_len]),
-            device,
-        )
+        let (batch, keys) = (self.pad_left.len(), self.start + self.len);
+        self.causal_mask()
+            .bias::<B>(kv_heads, 0..group * self.len, device)
+            .reshape([batch, kv_heads, group, self.len, keys])
     }
 }
 
@@ -453,11 +441,7 @@ impl<B: ModelBackend> Transformer<B> {
                     c.num_heads / c.num_kv_heads,
                     device,
                 )),
-                AttentionKind::Fused => AttentionMask::Causal(kernels::CausalMask {
-                    pad_left: window.pad_left.to_vec(),
-                    start: window.start,
-                    seq: window.len,
-                }),
+                AttentionKind::Fused => AttentionMask::Causal(window.causal_mask()),
             },
             batch,
             seq: window.len,

@@ -1,6 +1,6 @@
 //! Hyper-parameters of a learner, as they appear in an experiment manifest.
 
-use mappa_model::{AttentionKind, LoraConfig};
+use mappa_model::{AttentionKind, LoraConfig, Transformer};
 use serde::{Deserialize, Serialize};
 
 /// Optimiser, schedule and loss settings of one agent's learner.
@@ -81,6 +81,20 @@ pub enum BaseDtype {
 
 fn is_f32(dtype: &BaseDtype) -> bool {
     *dtype == BaseDtype::F32
+}
+
+impl BaseDtype {
+    /// A loaded starting model stored as this says: a bf16 base is frozen
+    /// (adapters are added afterwards, per role).
+    pub fn store<B: burn::prelude::Backend>(
+        self,
+        model: Transformer<B>,
+    ) -> mappa_model::Result<Transformer<B>> {
+        match self {
+            BaseDtype::F32 => Ok(model),
+            BaseDtype::Bf16 => burn::module::Module::no_grad(model).with_frozen_bf16_base(),
+        }
+    }
 }
 
 fn is_dense(kind: &AttentionKind) -> bool {

@@ -227,27 +227,41 @@ impl Dims {
     }
 }
 
-/// The linear weights of one decoder layer (the seven projections), and
-/// of the output head (0 when tied to the embeddings).
-fn linear_params(model: &TransformerConfig) -> (f64, f64) {
-    let x = Dims::of(model);
-    let (q, kv) = (x.heads * x.d, x.kv_heads * x.d);
-    let head = if model.tie_word_embeddings {
-        0.0
-    } else {
-        x.vocab * x.h
-    };
-    (x.h * (q + 2.0 * kv) + q * x.h + 3.0 * x.h * x.i, head)
+/// The linear weights of a bf16 base, in parameters: all of them (stored
+/// at 2 bytes), one layer's plus the output head (widened together by a
+/// recomputed layer's graph), and the largest single one (widened alone
+/// without a graph; an MLP matrix is a third of a layer's).
+struct Bf16Linear {
+    all: f64,
+    layer_and_head: f64,
+    largest: f64,
+}
+
+impl Bf16Linear {
+    fn of(model: &TransformerConfig) -> Self {
+        let x = Dims::of(model);
+        let (q, kv) = (x.heads * x.d, x.kv_heads * x.d);
+        let per_layer = x.h * (q + 2.0 * kv) + q * x.h + 3.0 * x.h * x.i;
+        let head = if model.tie_word_embeddings {
+            0.0
+        } else {
+            x.vocab * x.h
+        };
+        Self {
+            all: per_layer * x.layers + head,
+            layer_and_head: per_layer + head,
+            largest: head.max(per_layer / 3.0),
+        }
+    }
 }
 
 /// A bf16 base without a graph (inference): its bytes held, and the
 /// largest weight widened to f32 while it is used.
 pub fn bf16_base_inference_bytes(model: &TransformerConfig) -> (u64, u64) {
-    let (per_layer, head) = linear_params(model);
-    let linear = per_layer * model.num_layers as f64 + head;
+    let linear = Bf16Linear::of(model);
     (
-        bytes(model.num_params() as f64 - linear / 2.0),
-        bytes(head.max(per_layer / 3.0)),
+        bytes(model.num_params() as f64 - linear.all / 2.0),
+        bytes(linear.largest),
     )
 }
 
@@ -385,17 +399,15 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
         // A bf16 base: its linear weights at 2 bytes, each widened to f32
         // when used: one at a time without a graph, and kept by the graph
         // of an update (every layer's, or one layer's when recomputing).
-        let (per_layer, head) = linear_params(&agent.model);
         let bf16 = inputs.bf16_base && inputs.lora.is_some();
         let (narrowed, widened_update, widened_pass) = if bf16 {
-            let all = per_layer * agent.model.num_layers as f64 + head;
+            let linear = Bf16Linear::of(&agent.model);
             let update = if agent.recompute_layers {
-                per_layer + head
+                linear.layer_and_head
             } else {
-                all
+                linear.all
             };
-            let largest = head.max(per_layer / 3.0);
-            (all / 2.0, update, largest)
+            (linear.all / 2.0, update, linear.largest)
         } else {
             (0.0, 0.0, 0.0)
         };
@@ -698,8 +710,7 @@ mod tests {
         let mut bf16 = inputs(lora);
         bf16.bf16_base = true;
         let bf16_plan = plan(&bf16);
-        let (per_layer, head) = linear_params(&qwen3_4b());
-        let linear = per_layer * qwen3_4b().num_layers as f64 + head;
+        let linear = Bf16Linear::of(&qwen3_4b()).all;
         let held = |p: &MemoryPlan| p.phase(Phase::Held) as f64;
         assert_eq!(
             held(&f32_plan) - held(&bf16_plan),

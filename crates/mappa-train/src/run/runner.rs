@@ -84,7 +84,7 @@ fn base_models<B: AutodiffModelBackend>(
                         .init::<B>(seed, device),
                     None => load_transformer::<B>(&spec.path, device).map_err(model_err)?,
                 };
-                let model = stored(model, &manifest.train).map_err(model_err)?;
+                let model = manifest.train.base_dtype.store(model).map_err(model_err)?;
                 loaded.insert(key, model.clone());
                 model
             }
@@ -92,20 +92,6 @@ fn base_models<B: AutodiffModelBackend>(
         sources.insert(agent.role.clone(), (model, spec.path.clone()));
     }
     Ok(sources)
-}
-
-/// A loaded starting model as `train.base_dtype` stores it: a bf16 base is
-/// frozen here, before roles share it (adapters are added per role).
-fn stored<B: AutodiffModelBackend>(
-    model: Transformer<B>,
-    train: &crate::TrainConfig,
-) -> mappa_model::Result<Transformer<B>> {
-    match train.base_dtype {
-        crate::config::BaseDtype::F32 => Ok(model),
-        crate::config::BaseDtype::Bf16 => {
-            burn::module::Module::no_grad(model).with_frozen_bf16_base()
-        }
-    }
 }
 
 /// Notes this machine in a coach cache being recorded, and warns once when
@@ -167,7 +153,7 @@ where
             sources = BTreeMap::new();
             for (role, path) in tuned {
                 let model = load_transformer::<B>(&path, device)
-                    .and_then(|m| stored(m, &manifest.train))
+                    .and_then(|m| manifest.train.base_dtype.store(m))
                     .map_err(|e| TrainError::model_at(&path, e))?;
                 sources.insert(role, (model, path));
             }
