@@ -162,7 +162,7 @@ gpu-checks: models
     just parity-cuda
     just parity-wgpu
     mkdir -p target/bench
-    cargo run --release --locked -p mappa-benches --features cuda --bin memory_bench -- --configs full-1-cuda,lora-1-cuda,lora-3-cuda,lora-1-layers-fused-cuda,lora-1-layers-fused-bf16-cuda --out target/bench/memory-cuda.json
+    cargo run --release --locked -p mappa-benches --features cuda --bin memory_bench -- --configs full-1-cuda,lora-1-cuda,lora-3-cuda,lora-1-layers-fused-cuda,lora-1-layers-fused-bf16-cuda,lora-1-dp-cuda --out target/bench/memory-cuda.json
     cargo run --release --locked -p mappa-benches --features cuda --bin bench_json -- --backend cuda --out target/bench/cuda.json > /dev/null
     cargo run --release --locked -p mappa-benches --features wgpu --bin bench_json -- --backend wgpu --out target/bench/wgpu.json > /dev/null
     python3 benches/compare.py target/bench/cuda.json target/bench/wgpu.json

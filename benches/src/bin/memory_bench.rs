@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::Autodiff;
+use burn::tensor::backend::DeviceOps;
 use clap::Parser;
 use mappa_core::RngStream;
 use mappa_model::weights::load_transformer;
@@ -67,12 +68,13 @@ struct Args {
     /// phases of N sequences), each followed by any of `-ckpt` (burn's
     /// checkpointing), `-layers` (`train.recompute_layers`), `-fused`
     /// (`train.attention = "fused"`), `-bf16` (`train.base_dtype = "bf16"`,
-    /// LoRA only) and `-cuda` (the CUDA backend, in a build with `--features
-    /// cuda`; step time only).
+    /// LoRA only), `-dp` (data-parallel over two devices, or one twice) and
+    /// `-cuda` (the CUDA backend, in a build with `--features cuda`; step
+    /// time only).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt,full-1-layers,lora-1-layers,lora-1-fused,lora-1-layers-fused,lora-1-bf16,lora-3-bf16,lora-1-layers-bf16,logprob-16,logprob-16-fused,generate-16,generate-16-fused"
+        default_value = "full-1,lora-1,full-3,lora-3,full-1-ckpt,lora-1-ckpt,full-1-layers,lora-1-layers,lora-1-fused,lora-1-layers-fused,lora-1-bf16,lora-3-bf16,lora-1-layers-bf16,lora-1-dp,logprob-16,logprob-16-fused,generate-16,generate-16-fused"
     )]
     configs: Vec<String>,
 }
@@ -199,19 +201,31 @@ fn predicted(
                 actions_per_step: args.batch,
                 recompute_layers: modifiers.recompute_layers,
                 fused_attention: modifiers.fused_attention,
+                replica: false,
             })
             .collect(),
         lora: lora.then(self::lora),
         bf16_base: modifiers.bf16_base,
-        micro_batch: args.batch,
+        micro_batch: args.batch / workers(modifiers),
         completion_tokens: args.completion,
         rollout_batch: args.batch,
         capacity: None,
         engine_reservation: 0,
     };
-    // What the measured window holds: the held bytes and one update.
+    // What the measured window holds: the held bytes and one update (per
+    // worker: data-parallel workers on the CPU share its memory; their
+    // replicas share the weights' storage).
     let plan = plan(&inputs);
-    plan.phase(Phase::Held) + plan.phase(Phase::Update)
+    plan.phase(Phase::Held) + workers(modifiers) as u64 * plan.phase(Phase::Update)
+}
+
+/// Workers of an update: two with `-dp`, else one.
+fn workers(modifiers: Modifiers) -> usize {
+    if modifiers.data_parallel {
+        2
+    } else {
+        1
+    }
 }
 
 /// What a configuration's suffixes ask for.
@@ -227,6 +241,10 @@ struct Modifiers {
     bf16_base: bool,
     /// `-cuda`: the CUDA backend.
     cuda: bool,
+    /// `-dp`: each update data-parallel over two devices (devices 0 and 1
+    /// where the backend has two, else device 0 twice), one micro-batch of
+    /// half the sequences each, gradients summed by burn's collective.
+    data_parallel: bool,
 }
 
 fn child(config: &str, args: &Args) -> Measured {
@@ -244,8 +262,9 @@ fn child(config: &str, args: &Args) -> Measured {
             "fused" => modifiers.fused_attention = true,
             "bf16" => modifiers.bf16_base = true,
             "cuda" => modifiers.cuda = true,
+            "dp" => modifiers.data_parallel = true,
             other => {
-                panic!("{config}: unknown modifier {other:?} (ckpt, layers, fused, bf16, cuda)")
+                panic!("{config}: unknown modifier {other:?} (ckpt, layers, fused, bf16, dp, cuda)")
             }
         }
     }
@@ -350,9 +369,13 @@ fn measure<B: AutodiffModelBackend>(
     let device = Default::default();
     let base: Transformer<B> = load_base(args, modifiers, &device);
     let model_config = base.config().clone();
+    let second = match B::device_count(device.id().type_id) {
+        0 | 1 => device.clone(),
+        _ => mappa_train::data_parallel::device_at::<B>(&device, 1),
+    };
     let train = TrainConfig {
         lr: 1e-5,
-        micro_batch_size: args.batch,
+        micro_batch_size: args.batch / workers(modifiers),
         lora: lora.then(self::lora),
         recompute_layers: mappa_train::config::Recompute::All(modifiers.recompute_layers),
         attention: attention(modifiers),
@@ -368,7 +391,14 @@ fn measure<B: AutodiffModelBackend>(
                     .with_lora(&self::lora(), &mut RngStream::from_u64(i as u64))
                     .expect("LoRA");
             }
-            AgentLearner::new(format!("agent{i}"), policy, train.clone()).expect("learner")
+            let learner =
+                AgentLearner::new(format!("agent{i}"), policy, train.clone()).expect("learner");
+            match modifiers.data_parallel {
+                true => learner
+                    .with_data_parallel(vec![device.clone(), second.clone()])
+                    .expect("devices"),
+                false => learner,
+            }
         })
         .collect();
     drop(base);

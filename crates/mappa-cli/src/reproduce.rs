@@ -43,7 +43,7 @@ struct Plan {
     /// (what, value) lines.
     rows: Vec<(String, String)>,
     /// The memory plan, or why it is not available.
-    memory: anyhow::Result<mappa_train::memory::MemoryPlan>,
+    memory: anyhow::Result<mappa_train::memory::DevicePlans>,
 }
 
 /// What a run would do, in numbers, and its memory plan.

@@ -113,7 +113,7 @@ pub fn memory_plan(
     manifest: &Manifest,
     workflow: &mappa_agents::Workflow,
     eval_tasks: usize,
-) -> anyhow::Result<mappa_train::memory::MemoryPlan> {
+) -> anyhow::Result<mappa_train::memory::DevicePlans> {
     let agents: Vec<(String, usize)> = workflow
         .agents
         .iter()

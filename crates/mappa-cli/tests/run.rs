@@ -181,6 +181,41 @@ fn a_run_whose_memory_plan_does_not_fit_its_devices_is_refused() {
 }
 
 #[test]
+fn agents_placed_on_devices_train_data_parallel_and_reproduce() {
+    // On the CPU backend every device index is the one CPU: the solver's
+    // update runs on two worker threads whose gradients burn's collective
+    // sums, and the verifier lives on "device 1".
+    let dir = scratch();
+    let placed = dir.path().join("placed.toml");
+    std::fs::write(
+        &placed,
+        format!(
+            "{}\n[devices]\nmemory_gib = 64\ncount = 2\n\n[devices.agents]\nproblem_solver = [0, 1]\nverifier = [1]\n",
+            tiny_manifest_text().replace("micro_batch_size = 4", "micro_batch_size = 1")
+        ),
+    )
+    .unwrap();
+    let metrics = |runs: &Path| {
+        let out = succeeds(mappa().arg("run").arg(&placed).arg("--runs-dir").arg(runs));
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        let run = run_dir(runs);
+        assert_eq!(checkpoint_step(&run), Some(3));
+        (std::fs::read(run.join("metrics.jsonl")).unwrap(), stderr)
+    };
+    let (first, stderr) = metrics(&dir.path().join("first"));
+    assert_mentions(
+        &stderr,
+        &[
+            "device 0:",
+            "device 1:",
+            "problem_solver: weights (fully trained) (replica)",
+        ],
+    );
+    let (again, _) = metrics(&dir.path().join("again"));
+    assert!(first == again, "a data-parallel run repeats byte for byte");
+}
+
+#[test]
 fn manifest_errors_name_the_key_or_file() {
     let dir = scratch();
     let text = std::fs::read_to_string(manifest()).unwrap();

@@ -6,7 +6,7 @@
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use mappa_core::stats::mean_population_std;
 use mappa_model::AutodiffModelBackend;
@@ -17,6 +17,7 @@ use mappa_model::{
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
+use crate::data_parallel::{check_devices, parallel_gradients};
 use crate::loss::{ppo_clip_loss, LossConfig, LossInputs};
 use crate::params::clip_global_grad_norm;
 use crate::schedule::learning_rate;
@@ -83,6 +84,7 @@ pub struct AgentLearner<B: AutodiffModelBackend> {
     config: TrainConfig,
     step: usize,
     base_model: String,
+    data_parallel: Vec<B::Device>,
 }
 
 impl<B: AutodiffModelBackend> AgentLearner<B> {
@@ -123,6 +125,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             config,
             step: 0,
             base_model: String::new(),
+            data_parallel: Vec::new(),
         })
     }
 
@@ -131,6 +134,15 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
     pub fn with_base_model(mut self, base_model: impl Into<String>) -> Self {
         self.base_model = base_model.into();
         self
+    }
+
+    /// Runs each update data-parallel on `devices` (the first holding the
+    /// policy): micro-batches are spread over replicas and their gradients
+    /// summed by burn's collective all-reduce ([`crate::data_parallel`]).
+    pub fn with_data_parallel(mut self, devices: Vec<B::Device>) -> Result<Self, TrainError> {
+        check_devices::<B>(&self.name, &self.policy.device(), &devices)?;
+        self.data_parallel = devices;
+        Ok(self)
     }
 
     /// The checkpoint the policy started from, when the caller named it.
@@ -262,66 +274,6 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         }
     }
 
-    /// The loss of one micro-batch (normalised by the step's `tokens`) and
-    /// its gradients; adds the loss, clipped tokens and KL sum to `metrics`.
-    fn micro_batch(
-        &self,
-        chunk: &[TrainSample],
-        loss_config: &LossConfig,
-        tokens: usize,
-        metrics: &mut StepMetrics,
-    ) -> Result<GradientsParams, TrainError> {
-        let device = self.policy.device();
-        let pairs: Vec<(&[u32], &[u32])> = chunk
-            .iter()
-            .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
-            .collect();
-        let temperature = self.config.logprob_temperature as f32;
-        let grid =
-            |width: usize, f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
-                let mut values = Vec::with_capacity(chunk.len() * width);
-                for s in chunk {
-                    values.extend((0..width).map(|t| {
-                        if t < s.completion.len() {
-                            f(s, t)
-                        } else {
-                            0.0
-                        }
-                    }));
-                }
-                Tensor::from_data(TensorData::new(values, [chunk.len(), width]), &device)
-            };
-        let loss_of = |current: CompletionLogprobs<B>| {
-            let width = current.logprobs.dims()[1];
-            let out = ppo_clip_loss(
-                LossInputs {
-                    logprobs: current.logprobs,
-                    old_logprobs: grid(width, &|s, t| s.old_logprobs[t]),
-                    ref_logprobs: grid(width, &|s, t| s.ref_logprobs[t]),
-                    advantages: grid(width, &|s, t| s.advantages[t]),
-                    mask: grid(width, &|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
-                },
-                loss_config,
-                tokens as f64,
-            );
-            let loss = out.loss.clone();
-            (loss, out)
-        };
-        let (grads, out) = if self.config.recompute_layers.applies_to(&self.name) {
-            layerwise_gradients(&self.policy, &pairs, temperature, loss_of)?
-        } else {
-            let (loss, out) = loss_of(completion_logprobs(&self.policy, &pairs, temperature)?);
-            (
-                GradientsParams::from_grads(loss.backward(), &self.policy),
-                out,
-            )
-        };
-        metrics.loss += out.loss.into_scalar().elem::<f64>();
-        metrics.clip_fraction += out.clipped_tokens;
-        metrics.kl += out.kl_sum;
-        Ok(grads)
-    }
-
     /// One optimiser step on `samples` (all of this agent's actions in the
     /// rollout step), in micro-batches with gradient accumulation.
     pub fn train_step(
@@ -337,13 +289,21 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             self.step += 1;
             return Ok(metrics);
         }
-        let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
-        // Summed over micro-batches here, made fractions below.
-        for chunk in samples.chunks(self.config.micro_batch_size) {
-            let grads = self.micro_batch(chunk, loss_config, tokens, &mut metrics)?;
-            accumulator.accumulate(&self.policy, grads);
+        let chunks: Vec<&[TrainSample]> = samples.chunks(self.config.micro_batch_size).collect();
+        let devices = match self.data_parallel.as_slice() {
+            [] => vec![self.policy.device()],
+            devices => devices.to_vec(),
+        };
+        let (mut grads, sums) =
+            parallel_gradients(&self.policy, &devices, &chunks, |policy, chunk| {
+                micro_batch_gradients(&self.name, policy, &self.config, chunk, loss_config, tokens)
+            })?;
+        // Summed over micro-batches in order here, made fractions below.
+        for sum in sums {
+            metrics.loss += sum.loss;
+            metrics.clip_fraction += sum.clipped_tokens;
+            metrics.kl += sum.kl;
         }
-        let mut grads = accumulator.grads();
         metrics.grad_norm = match self.config.grad_clip {
             Some(max) => clip_global_grad_norm(&self.policy, &mut grads, max),
             None => crate::params::global_grad_norm(&self.policy, &grads),
@@ -360,6 +320,66 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         self.step += 1;
         Ok(metrics)
     }
+}
+
+/// What one micro-batch adds to a step's metrics.
+struct MicroBatchSums {
+    loss: f64,
+    clipped_tokens: f64,
+    kl: f64,
+}
+
+/// The loss of one micro-batch of `role`'s samples (normalised by the
+/// step's `tokens`) and its gradients on `policy`.
+fn micro_batch_gradients<B: AutodiffModelBackend>(
+    role: &str,
+    policy: &Transformer<B>,
+    config: &TrainConfig,
+    chunk: &[TrainSample],
+    loss_config: &LossConfig,
+    tokens: usize,
+) -> Result<(GradientsParams, MicroBatchSums), TrainError> {
+    let device = policy.device();
+    let pairs: Vec<(&[u32], &[u32])> = chunk
+        .iter()
+        .map(|s| (s.prompt.as_slice(), s.completion.as_slice()))
+        .collect();
+    let temperature = config.logprob_temperature as f32;
+    let grid = |width: usize, f: &dyn Fn(&TrainSample, usize) -> f32| -> Tensor<B, 2> {
+        let mut values = Vec::with_capacity(chunk.len() * width);
+        for s in chunk {
+            values.extend((0..width).map(|t| if t < s.completion.len() { f(s, t) } else { 0.0 }));
+        }
+        Tensor::from_data(TensorData::new(values, [chunk.len(), width]), &device)
+    };
+    let loss_of = |current: CompletionLogprobs<B>| {
+        let width = current.logprobs.dims()[1];
+        let out = ppo_clip_loss(
+            LossInputs {
+                logprobs: current.logprobs,
+                old_logprobs: grid(width, &|s, t| s.old_logprobs[t]),
+                ref_logprobs: grid(width, &|s, t| s.ref_logprobs[t]),
+                advantages: grid(width, &|s, t| s.advantages[t]),
+                mask: grid(width, &|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
+            },
+            loss_config,
+            tokens as f64,
+        );
+        let loss = out.loss.clone();
+        (loss, out)
+    };
+    let (grads, out) = if config.recompute_layers.applies_to(role) {
+        layerwise_gradients(policy, &pairs, temperature, loss_of)?
+    } else {
+        let (loss, out) = loss_of(completion_logprobs(policy, &pairs, temperature)?);
+        (GradientsParams::from_grads(loss.backward(), policy), out)
+    };
+    let sums = MicroBatchSums {
+        loss: out.loss.into_scalar().elem::<f64>(),
+        clipped_tokens: out.clipped_tokens,
+        kl: out.kl_sum,
+    };
+    Ok((grads, sums))
 }
 
 fn logprobs<B: ModelBackend>(

@@ -7,6 +7,8 @@
 //! - [`params`]: global gradient-norm clipping and parameter ids.
 //! - [`learner`]: [`AgentLearner`]: log-probs under policy and reference, and
 //!   one optimiser step in micro-batches.
+//! - [`data_parallel`]: an agent's micro-batches on several devices, their
+//!   gradients summed by burn's collective all-reduce.
 //! - [`policy`]: the burn model as a `mappa_agents::Policy`.
 //! - [`engine`]: rollouts by an inference engine (vLLM's API), with each
 //!   agent's LoRA adapter hot-loaded after every update.
@@ -28,6 +30,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod data_parallel;
 pub mod engine;
 pub mod learner;
 pub mod loss;

@@ -257,18 +257,102 @@ pub struct Manifest {
     pub study: Option<Study>,
 }
 
-/// The device a run declares (`[devices]`): what the memory plan checks
-/// against. Today's trainer runs on one device.
+/// The devices a run declares (`[devices]`): how many, how much memory
+/// each has (what the memory plan checks against), where each agent lives
+/// and where an inference engine takes its memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DevicesSpec {
-    /// The device's memory, in GiB.
+    /// Each device's memory, in GiB.
     pub memory_gib: f64,
-    /// The memory an inference engine on the same device takes
+    /// Devices on the box (the backend's devices 0, 1, ...; on the CPU
+    /// backend every index is the one CPU).
+    #[serde(default = "one_device")]
+    pub count: usize,
+    /// Each agent's devices (default `[0]`): the first holds its weights,
+    /// optimiser state and in-process rollouts; with more, its update runs
+    /// data-parallel over all of them ([`crate::data_parallel`]), a replica
+    /// of its policy on each.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub agents: BTreeMap<String, Vec<usize>>,
+    /// The memory an inference engine on one of these devices takes
     /// (`[rollout.engine]`; vLLM's `--gpu-memory-utilization` times the
     /// device's memory), in GiB; none: the engine runs elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_memory_gib: Option<f64>,
+    /// The device the engine's memory is taken from (default 0).
+    #[serde(default)]
+    pub engine_device: usize,
+}
+
+fn one_device() -> usize {
+    1
+}
+
+impl DevicesSpec {
+    /// The devices of `role` (the first is its main device).
+    pub fn of(&self, role: &str) -> Vec<usize> {
+        self.agents.get(role).cloned().unwrap_or_else(|| vec![0])
+    }
+
+    fn validate(&self, roles: &BTreeMap<String, ModelSpec>, engine: bool) -> Result<(), String> {
+        if !(self.memory_gib.is_finite() && self.memory_gib > 0.0) {
+            return Err(format!(
+                "devices.memory_gib = {}: expected a positive number",
+                self.memory_gib
+            ));
+        }
+        if self.count == 0 || self.count > usize::from(u16::MAX) {
+            return Err(format!(
+                "devices.count = {}: expected 1 to {}",
+                self.count,
+                u16::MAX
+            ));
+        }
+        for (role, devices) in &self.agents {
+            if !roles.contains_key(role) {
+                return Err(format!(
+                    "devices.agents.{role}: no agent {role:?} (the roles are {})",
+                    roles.keys().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+            if devices.is_empty() {
+                return Err(format!(
+                    "devices.agents.{role}: expected at least one device index"
+                ));
+            }
+            if let Some(d) = devices.iter().find(|&&d| d >= self.count) {
+                return Err(format!(
+                    "devices.agents.{role}: device {d} does not exist (devices.count = {}: indices 0 to {})",
+                    self.count,
+                    self.count - 1
+                ));
+            }
+            let distinct: std::collections::BTreeSet<_> = devices.iter().collect();
+            if distinct.len() < devices.len() {
+                return Err(format!(
+                    "devices.agents.{role} = {devices:?}: a device is listed twice"
+                ));
+            }
+        }
+        if self.engine_device >= self.count {
+            return Err(format!(
+                "devices.engine_device = {}: device {0} does not exist (devices.count = {})",
+                self.engine_device, self.count
+            ));
+        }
+        if let Some(reserved) = self.engine_memory_gib {
+            if !engine {
+                return Err("devices.engine_memory_gib: there is no [rollout.engine]".into());
+            }
+            if !(reserved.is_finite() && reserved > 0.0 && reserved < self.memory_gib) {
+                return Err(format!(
+                    "devices.engine_memory_gib = {reserved}: expected a positive number below devices.memory_gib"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A comparison of arms over seeds: what `mappa reproduce NAME` runs when
@@ -510,22 +594,7 @@ impl Manifest {
             self.validate_engine(engine)?;
         }
         if let Some(devices) = &self.devices {
-            if let Some(engine) = devices.engine_memory_gib {
-                if r.engine.is_none() {
-                    return Err("devices.engine_memory_gib: there is no [rollout.engine]".into());
-                }
-                if !(engine.is_finite() && engine > 0.0 && engine < devices.memory_gib) {
-                    return Err(format!(
-                        "devices.engine_memory_gib = {engine}: expected a positive number below devices.memory_gib"
-                    ));
-                }
-            }
-            if !(devices.memory_gib.is_finite() && devices.memory_gib > 0.0) {
-                return Err(format!(
-                    "devices.memory_gib = {}: expected a positive number",
-                    devices.memory_gib
-                ));
-            }
+            devices.validate(&self.models, r.engine.is_some())?;
         }
         Ok(())
     }
@@ -583,8 +652,8 @@ impl Manifest {
         &self,
         agents: &[(String, usize)],
         eval_tasks: usize,
-    ) -> Result<crate::memory::MemoryPlan, TrainError> {
-        use crate::memory::{AgentShape, PlanInputs, GIB};
+    ) -> Result<crate::memory::DevicePlans, TrainError> {
+        use crate::memory::{AgentShape, DevicePlans, GIB};
         let r = &self.rollout;
         let trajectories = r.prompts_per_step * r.samples_per_prompt;
         let mut shapes = Vec::new();
@@ -622,10 +691,54 @@ impl Manifest {
                 },
                 recompute_layers: self.train.recompute_layers.applies_to(role),
                 fused_attention: self.train.attention == mappa_model::AttentionKind::Fused,
+                replica: false,
             });
         }
-        Ok(crate::memory::plan(&PlanInputs {
-            agents: shapes,
+        let devices = self.devices.clone().unwrap_or(DevicesSpec {
+            memory_gib: 0.0,
+            count: 1,
+            agents: BTreeMap::new(),
+            engine_memory_gib: None,
+            engine_device: 0,
+        });
+        let engine_reservation = devices
+            .engine_memory_gib
+            .map_or(0, |gib| (gib * GIB).min(u64::MAX as f64) as u64);
+        let mut plans = Vec::new();
+        for device in 0..devices.count {
+            let here: Vec<AgentShape> = shapes
+                .iter()
+                .filter_map(|shape| {
+                    let placed = devices.of(&shape.role);
+                    placed.contains(&device).then(|| AgentShape {
+                        replica: placed[0] != device,
+                        ..shape.clone()
+                    })
+                })
+                .collect();
+            let engine_here = device == devices.engine_device && engine_reservation > 0;
+            if here.is_empty() && !engine_here {
+                continue;
+            }
+            let reserved = if engine_here { engine_reservation } else { 0 };
+            plans.push((device, self.device_plan(here, eval_tasks, reserved)));
+        }
+        Ok(DevicePlans { devices: plans })
+    }
+
+    /// The plan of one device holding `agents` (and `engine_reservation`
+    /// bytes of an inference engine).
+    fn device_plan(
+        &self,
+        agents: Vec<crate::memory::AgentShape>,
+        eval_tasks: usize,
+        engine_reservation: u64,
+    ) -> crate::memory::MemoryPlan {
+        use crate::memory::{PlanInputs, GIB};
+        let r = &self.rollout;
+        let trajectories = r.prompts_per_step * r.samples_per_prompt;
+        crate::memory::plan(&PlanInputs {
+            agents,
             lora: self.train.lora.clone(),
             bf16_base: self.train.base_dtype == crate::config::BaseDtype::Bf16,
             micro_batch: self.train.micro_batch_size,
@@ -637,16 +750,12 @@ impl Manifest {
                     r.max_batch.map_or(all, |bound| all.min(bound))
                 }
             },
-            engine_reservation: self
-                .devices
-                .as_ref()
-                .and_then(|d| d.engine_memory_gib)
-                .map_or(0, |gib| (gib * GIB).min(u64::MAX as f64) as u64),
+            engine_reservation,
             capacity: self
                 .devices
                 .as_ref()
                 .map(|d| (d.memory_gib * GIB).min(u64::MAX as f64) as u64),
-        }))
+        })
     }
 
     /// Check every file the run depends on and its hash, and collect the
@@ -725,7 +834,8 @@ pub fn run_id(lock: &Value) -> String {
 }
 
 /// A locked manifest without the keys that only feed the memory plan
-/// (`devices`, `rollout.max_prompt_tokens`, `models.*.plan_config`), reach
+/// (`devices`, except how many devices each data-parallel agent's update
+/// spans; `rollout.max_prompt_tokens`, `models.*.plan_config`), reach
 /// the engine (`rollout.engine.*`, kept as an empty table) or trade memory
 /// for compute with the same bits (`train.recompute_layers`): they change
 /// no result, so they change neither the run id nor whether a run
@@ -733,7 +843,23 @@ pub fn run_id(lock: &Value) -> String {
 pub fn results_relevant(manifest: &Value) -> Value {
     let mut manifest = manifest.clone();
     if let Some(m) = manifest.as_object_mut() {
+        // Where agents live changes no bit; over how many devices an
+        // update is summed does (the grouping of the gradient sum).
+        let replicas: serde_json::Map<String, Value> = m
+            .get("devices")
+            .and_then(|d| d.get("agents"))
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(role, devices)| {
+                let n = devices.as_array().map_or(1, Vec::len);
+                (n > 1).then(|| (role.clone(), json!(n)))
+            })
+            .collect();
         m.remove("devices");
+        if !replicas.is_empty() {
+            m.insert("devices".into(), json!({ "data_parallel": replicas }));
+        }
         if let Some(rollout) = m.get_mut("rollout").and_then(Value::as_object_mut) {
             rollout.remove("max_prompt_tokens");
             // That an engine generates matters; where it listens does not.
@@ -760,6 +886,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_the_width_of_data_parallel_updates_is_results_relevant() {
+        let lock = |devices: Value| json!({"manifest": {"seed": 1, "devices": devices}});
+        let plain = json!({"manifest": {"seed": 1}});
+        let placed = lock(json!({"memory_gib": 80.0, "count": 2, "agents": {"solver": [1]}}));
+        let wide = lock(json!({"memory_gib": 80.0, "count": 2, "agents": {"solver": [0, 1]}}));
+        let elsewhere = lock(json!({"memory_gib": 40.0, "count": 4, "agents": {"solver": [2, 3]}}));
+        assert_eq!(run_id(&plain), run_id(&placed));
+        assert_ne!(run_id(&plain), run_id(&wide));
+        assert_eq!(run_id(&wide), run_id(&elsewhere));
+    }
+
+    #[test]
     fn where_the_engine_listens_is_not_results_relevant_but_whether_there_is_one_is() {
         let lock = |engine: Value| json!({"manifest": {"seed": 1, "rollout": {"steps": 2, "engine": engine}}});
         let a = lock(json!({"url": "http://127.0.0.1:8000/v1", "concurrency": 8}));
@@ -776,6 +914,45 @@ mod tests {
         assert_ne!(
             results_relevant(&a["manifest"]),
             results_relevant(&none["manifest"])
+        );
+    }
+
+    #[test]
+    fn device_placements_are_checked() {
+        let models: BTreeMap<String, ModelSpec> =
+            toml::from_str("solver = { path = \"m\" }\nverifier = { path = \"m\" }").unwrap();
+        let check = |text: &str, engine: bool| {
+            toml::from_str::<DevicesSpec>(&format!("memory_gib = 80\n{text}"))
+                .unwrap()
+                .validate(&models, engine)
+        };
+        check(
+            "count = 2\nagents = { solver = [0, 1], verifier = [1] }",
+            false,
+        )
+        .unwrap();
+        let refused = |text: &str, engine: bool, expected: &str| {
+            let err = check(text, engine).unwrap_err();
+            assert!(err.contains(expected), "{text}: {err}");
+        };
+        refused("count = 0", false, "devices.count = 0");
+        refused("agents = { planner = [0] }", false, "no agent \"planner\"");
+        refused("agents = { solver = [] }", false, "at least one device");
+        refused(
+            "count = 2\nagents = { solver = [0, 2] }",
+            false,
+            "device 2 does not exist",
+        );
+        refused(
+            "count = 2\nagents = { solver = [1, 1] }",
+            false,
+            "listed twice",
+        );
+        refused("engine_device = 1", true, "devices.engine_device = 1");
+        refused(
+            "engine_memory_gib = 20",
+            false,
+            "there is no [rollout.engine]",
         );
     }
 

@@ -1,6 +1,7 @@
 //! The learner on a tiny model: the PPO-clip gradient against finite
 //! differences, the direction of one update, micro-batch accumulation,
-//! exact resume from a checkpoint, and corrupted checkpoints.
+//! data-parallel updates, exact resume from a checkpoint, and corrupted
+//! checkpoints.
 
 use std::path::{Path, PathBuf};
 
@@ -279,6 +280,94 @@ fn recomputing_layer_by_layer_takes_the_same_steps_bit_for_bit() {
         assert_eq!(a, b);
     }
     assert_eq!(hf_tensors(plain.policy()), hf_tensors(layered.policy()));
+}
+
+/// A learner whose updates run data-parallel on the CPU's one device twice
+/// over (two worker threads, gradients summed by burn's collective).
+fn data_parallel(config: TrainConfig) -> AgentLearner<B> {
+    let device = Default::default();
+    AgentLearner::new("solver", model(), config)
+        .unwrap()
+        .with_data_parallel(vec![device, device])
+        .unwrap()
+}
+
+fn max_difference(a: &AgentLearner<B>, b: &AgentLearner<B>) -> f32 {
+    hf_tensors(a.policy())
+        .iter()
+        .zip(hf_tensors(b.policy()).iter())
+        .flat_map(|((_, _, x), (_, _, y))| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0f32, f32::max)
+}
+
+#[test]
+fn data_parallel_updates_match_one_device_and_repeat_bit_for_bit() {
+    // Two micro-batches: one per worker, summed in the same order as on one
+    // device, so the same bits.
+    let advantages = [0.8, -0.3, 0.5, -1.0];
+    let mut single = AgentLearner::new("solver", model(), config(1e-3, 10, 2)).unwrap();
+    let mut parallel = data_parallel(config(1e-3, 10, 2));
+    for step in 0..2 {
+        let batch = samples(&single, 40 + step, &advantages);
+        let a = single.train_step(&batch, &loss_config()).unwrap();
+        let b = parallel.train_step(&batch, &loss_config()).unwrap();
+        assert_eq!(a, b, "step {step}");
+    }
+    assert_eq!(hf_tensors(single.policy()), hf_tensors(parallel.policy()));
+
+    // Five micro-batches: worker 0 sums 0, 2, 4 and worker 1 sums 1, 3, so
+    // the grouping differs from one device's by rounding only, and a
+    // repeat gives the same bits.
+    let advantages = [0.8, -0.3, 0.5, -1.0, 0.2];
+    let mut single = AgentLearner::new("solver", model(), config(1e-3, 10, 1)).unwrap();
+    let mut first = data_parallel(config(1e-3, 10, 1));
+    let mut again = data_parallel(config(1e-3, 10, 1));
+    for step in 0..2 {
+        let batch = samples(&single, 50 + step, &advantages);
+        let a = single.train_step(&batch, &loss_config()).unwrap();
+        let b = first.train_step(&batch, &loss_config()).unwrap();
+        let c = again.train_step(&batch, &loss_config()).unwrap();
+        assert_eq!(b, c, "step {step}: a repeat gives the same metrics");
+        assert!((a.loss - b.loss).abs() < 1e-6, "{} vs {}", a.loss, b.loss);
+        assert!(
+            (a.grad_norm - b.grad_norm).abs() < 1e-4 * a.grad_norm,
+            "{} vs {}",
+            a.grad_norm,
+            b.grad_norm
+        );
+    }
+    assert_eq!(hf_tensors(first.policy()), hf_tensors(again.policy()));
+    let diff = max_difference(&single, &first);
+    assert!(diff < 1e-5, "data-parallel vs one device: {diff}");
+}
+
+#[test]
+fn a_failing_data_parallel_worker_fails_the_step_and_the_next_step_runs() {
+    let advantages = [0.8, -0.3, 0.5];
+    let mut learner = data_parallel(config(1e-3, 10, 1));
+    let mut batch = samples(&learner, 60, &advantages);
+    // Only worker 1's micro-batch is bad: worker 0 must not wait for it.
+    batch[1].completion[0] = 1_000_000;
+    let err = learner.train_step(&batch, &loss_config()).unwrap_err();
+    assert!(err.to_string().contains("outside the vocabulary"), "{err}");
+    let batch = samples(&learner, 61, &advantages);
+    learner.train_step(&batch, &loss_config()).unwrap();
+}
+
+#[test]
+fn data_parallel_devices_are_checked() {
+    let device = Default::default();
+    let refused = |devices: Vec<_>| {
+        AgentLearner::new("solver", model(), config(1e-3, 10, 1))
+            .unwrap()
+            .with_data_parallel(devices)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    assert!(refused(vec![device]).contains("at least two devices"));
+    let three = refused(vec![device, device, device]);
+    assert!(three.contains("must be on distinct devices"), "{three}");
 }
 
 #[test]

@@ -57,23 +57,47 @@ pub(super) fn open_environment(
     Ok((workflow, tasks, sandbox))
 }
 
-/// Each role's starting model and the directory it came from (for its
-/// tokenizer): a checkpoint, or random weights from a seed. Roles that name
-/// the same source share one loaded model: its weights are held once in
-/// memory (burn's CPU tensors share storage on clone) until an update
-/// replaces them, and never with frozen LoRA bases.
+/// The devices of `role` (`[devices] agents`; device 0 by default), the
+/// first being its main device, as devices of the backend whose device 0
+/// is `first`.
+fn role_devices<B: AutodiffModelBackend>(
+    manifest: &Manifest,
+    role: &str,
+    first: &B::Device,
+) -> Vec<B::Device> {
+    let indices = manifest
+        .devices
+        .as_ref()
+        .map_or_else(|| vec![0], |d| d.of(role));
+    indices
+        .into_iter()
+        .map(|i| crate::data_parallel::device_at::<B>(first, i))
+        .collect()
+}
+
+/// Each role's starting model, on its main device, and the directory it
+/// came from (for its tokenizer): a checkpoint, or random weights from a
+/// seed. Roles on one device that name the same source share one loaded
+/// model: its weights are held once in memory (burn's CPU tensors share
+/// storage on clone) until an update replaces them, and never with frozen
+/// LoRA bases.
 fn base_models<B: AutodiffModelBackend>(
     manifest: &Manifest,
     workflow: &Workflow,
-    device: &B::Device,
+    first: &B::Device,
 ) -> Result<BTreeMap<String, (Transformer<B>, PathBuf)>, TrainError> {
-    let mut loaded: BTreeMap<(PathBuf, Option<u64>), Transformer<B>> = BTreeMap::new();
+    let mut loaded: BTreeMap<(PathBuf, Option<u64>, usize), Transformer<B>> = BTreeMap::new();
     let mut sources = BTreeMap::new();
     for agent in &workflow.agents {
         let spec = manifest.models.get(&agent.role).ok_or_else(|| {
             TrainError::Config(format!("models: no model for role {:?}", agent.role))
         })?;
-        let key = (spec.path.clone(), spec.init_seed);
+        let main = manifest
+            .devices
+            .as_ref()
+            .map_or(0, |d| d.of(&agent.role)[0]);
+        let device = &crate::data_parallel::device_at::<B>(first, main);
+        let key = (spec.path.clone(), spec.init_seed, main);
         let model = match loaded.get(&key) {
             Some(model) => model.clone(),
             None => {
@@ -152,7 +176,8 @@ where
             )?;
             sources = BTreeMap::new();
             for (role, path) in tuned {
-                let model = load_transformer::<B>(&path, device)
+                let main = role_devices::<B>(manifest, &role, device).remove(0);
+                let model = load_transformer::<B>(&path, &main)
                     .and_then(|m| manifest.train.base_dtype.store(m))
                     .map_err(|e| TrainError::model_at(&path, e))?;
                 sources.insert(role, (model, path));
@@ -170,10 +195,13 @@ where
             }
             let tokenizer = HfTokenizer::from_dir(&path).map_err(model_err)?;
             let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(model_err)?;
-            learners.push(
-                AgentLearner::new(&agent.role, policy, manifest.train.clone())?
-                    .with_base_model(path.display().to_string()),
-            );
+            let mut learner = AgentLearner::new(&agent.role, policy, manifest.train.clone())?
+                .with_base_model(path.display().to_string());
+            let devices = role_devices::<B>(manifest, &agent.role, device);
+            if devices.len() > 1 {
+                learner = learner.with_data_parallel(devices)?;
+            }
+            learners.push(learner);
             models.push(AgentModel {
                 tokenizer,
                 template,
