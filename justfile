@@ -14,6 +14,10 @@ default:
 test: setup-python
     cargo test --workspace --locked
 
+# Every f32 input through mappa-kernels' expf against the C library's, and its vectorised path against its scalar one (about a minute).
+check-expf:
+    cargo test --release --locked -p mappa-kernels expf -- --include-ignored
+
 # The cross-CPU determinism check alone, with its report: other thread counts, cache geometries (as root) and an AVX2-only CPU under qemu-user (about 5 minutes).
 check-determinism:
     cargo test --locked -p mappa-tests --test determinism -- --nocapture

@@ -1,7 +1,8 @@
 //! What the fixed summation order costs: each of `mappa-kernels`' CPU
 //! operations against burn's own on the same tensors, at the shapes of the
 //! 25m config's training step (batch 8 x 128 tokens, hidden 512, MLP 1536,
-//! 8 heads, vocab 8192). `just bench-kernels` runs it.
+//! 8 heads, vocab 8192), and SwiGLU with its exponential. `just
+//! bench-kernels` runs it.
 
 // `criterion_group!` defines a public function without docs.
 #![allow(missing_docs)]
@@ -64,6 +65,34 @@ fn benches(c: &mut Criterion) {
     });
     group.bench_function("rms_norm [1024,512]/mappa", |bench| {
         bench.iter(|| kernels::rms_norm(x.clone(), gamma.clone(), 1e-6).into_primitive())
+    });
+
+    // SwiGLU at the MLP's width, and the exponential inside its sigmoid:
+    // the C library's `expf` one call per value against `mappa-kernels`'
+    // vectorised port of it (same bits).
+    let (gate, up) = (tensor([tokens, 1536], 7), tensor([tokens, 1536], 8));
+    group.bench_function("swiglu [1024,1536]/burn", |bench| {
+        bench.iter(|| (burn::tensor::activation::silu(gate.clone()) * up.clone()).into_primitive())
+    });
+    group.bench_function("swiglu [1024,1536]/mappa", |bench| {
+        bench.iter(|| kernels::swiglu(gate.clone(), up.clone()).into_primitive())
+    });
+    let values: Vec<f32> = gate.to_data().to_vec().expect("f32 values");
+    group.bench_function("exp [1024*1536]/C library", |bench| {
+        bench.iter(|| {
+            let mut v = values.clone();
+            for x in &mut v {
+                *x = x.exp();
+            }
+            v
+        })
+    });
+    group.bench_function("exp [1024*1536]/mappa", |bench| {
+        bench.iter(|| {
+            let mut v = values.clone();
+            kernels::expf::exp_in_place(&mut v);
+            v
+        })
     });
     group.finish();
 }

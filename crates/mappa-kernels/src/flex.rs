@@ -21,9 +21,10 @@
 //!   long sums add fixed-size blocks in order.
 //! - `exp` and `ln` are the `libm` crate's software routines, not the C
 //!   library's, whose implementation is chosen at run time by CPU feature.
-//!   The exception is SwiGLU's sigmoid, which keeps the C library's `expf`
-//!   so as to give the bits of burn's own `silu` (which models were trained
-//!   with before the kernel existed).
+//!   The exception is SwiGLU's sigmoid, which keeps the bits of the C
+//!   library's `expf` so as to give those of burn's own `silu` (which models
+//!   were trained with before the kernel existed), through
+//!   [`crate::expf`]: glibc's algorithm written out and vectorised.
 //!
 //! Rows are spread over rayon's threads; each row is computed by one thread
 //! from start to end, so the thread count changes nothing.
@@ -32,7 +33,9 @@ use burn::backend::flex::{Flex, FlexTensor, Layout};
 use burn::tensor::ops::{FloatTensor, FloatTensorOps};
 use burn::tensor::{Bytes, DType, FloatDType, Shape, TensorMetadata};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
+use crate::expf::sigmoid_into;
 use crate::{CausalMask, ModelBackend};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
@@ -136,9 +139,10 @@ impl ModelBackend for Flex {
         let (up, _) = contiguous(up);
         let mut out = vec![0.0; gate.len()];
         for_elements(&mut out, |start, out| {
-            let (gate, up) = (&gate[start..], &up[start..]);
+            let (gate, up) = (&gate[start..start + out.len()], &up[start..]);
+            sigmoid_into(gate, out);
             for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                *o = g * sigmoid(g) * u;
+                *o = g * *o * u;
             }
         });
         tensor(out, shape)
@@ -155,12 +159,15 @@ impl ModelBackend for Flex {
         let mut d_gate = vec![0.0; gate.len()];
         let mut d_up = vec![0.0; gate.len()];
         let backward = |start: usize, d_gate: &mut [f32], d_up: &mut [f32]| {
-            let (gate, up, grad) = (&gate[start..], &up[start..], &grad[start..]);
+            let gate = &gate[start..start + d_gate.len()];
+            let (up, grad) = (&up[start..], &grad[start..]);
+            // The sigmoids first (vectorised), then each element's terms.
+            sigmoid_into(gate, d_gate);
             let outputs = d_gate.iter_mut().zip(d_up.iter_mut());
             for ((((dg, du), &g), &u), &dy) in outputs.zip(gate).zip(up).zip(grad) {
                 // burn's graph of g * sigmoid(g) * u, term by term: the
                 // product rule's two terms for g, the sigmoid's own backward.
-                let s = sigmoid(g);
+                let s = *dg;
                 let d_silu = dy * u;
                 *dg = d_silu * s + d_silu * g * s * (1.0 - s);
                 *du = dy * (g * s);
@@ -408,18 +415,6 @@ fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
     acc[0]
 }
 
-/// The logistic function as burn's CPU backend computes it (the C
-/// library's `expf`, one branch per sign), so that [`ModelBackend::swiglu`]
-/// gives the bits of burn's own `silu`.
-fn sigmoid(x: f32) -> f32 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-
 /// Elements handled by one rayon task in the element-wise kernels.
 const ELEMENTS_PER_TASK: usize = 1 << 14;
 
@@ -648,10 +643,14 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     let batches: usize = batch_dims.iter().product();
     let mut out_shape = ls.to_vec();
     out_shape[rank - 1] = n;
-    let mut out = vec![0.0f32; batches * m * n];
-    if m == 0 || n == 0 {
-        return tensor(out, Shape::from(out_shape));
+    if m == 0 || n == 0 || k == 0 {
+        return tensor(vec![0.0f32; batches * m * n], Shape::from(out_shape));
     }
+    // Not zeroed: gemm's first call (`k` from 0) writes every element of
+    // `out` without reading it, and later calls add to it.
+    let mut out: Vec<MaybeUninit<f32>> = Vec::with_capacity(batches * m * n);
+    // SAFETY: MaybeUninit needs no initialisation.
+    unsafe { out.set_len(batches * m * n) };
     let lhs_view = View::new(lhs, ll, rank);
     let rhs_view = View::new(rhs, rl, rank);
     let offsets = |b: usize| {
@@ -673,7 +672,7 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
         };
         gemm_chunked(&mut out, m, n, k, &lhs_view, 0, &rhs_view, 0, parallelism);
     } else {
-        let batch = |(b, out): (usize, &mut [f32])| {
+        let batch = |(b, out): (usize, &mut [MaybeUninit<f32>])| {
             let (lo, ro) = offsets(b);
             let none = gemm::Parallelism::None;
             gemm_chunked(out, m, n, k, &lhs_view, lo, &rhs_view, ro, none);
@@ -685,6 +684,11 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
             out.par_chunks_mut(m * n).enumerate().for_each(batch);
         }
     }
+    let mut out = std::mem::ManuallyDrop::new(out);
+    // SAFETY: every element was written by gemm (`k > 0`), and
+    // MaybeUninit<f32> has f32's size and alignment.
+    let out =
+        unsafe { Vec::from_raw_parts(out.as_mut_ptr().cast::<f32>(), out.len(), out.capacity()) };
     tensor(out, Shape::from(out_shape))
 }
 
@@ -710,10 +714,11 @@ impl<'a> View<'a> {
 }
 
 /// `out (m x n, row-major) = lhs (m x k) @ rhs (k x n)`, in gemm calls of at
-/// most [`GEMM_MAX_K`] terms, each added to `out` in order of `k`.
+/// most [`GEMM_MAX_K`] terms, each added to `out` in order of `k`; the
+/// first call overwrites `out` (its prior contents are never read).
 #[allow(clippy::too_many_arguments)]
 fn gemm_chunked(
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
     m: usize,
     n: usize,
     k: usize,
@@ -736,7 +741,7 @@ fn gemm_chunked(
                 m,
                 n,
                 len,
-                out.as_mut_ptr(),
+                out.as_mut_ptr().cast::<f32>(),
                 1,
                 n as isize,
                 start > 0,

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 mod autodiff;
+pub mod expf;
 pub mod flex;
 
 use burn::prelude::*;

@@ -1,0 +1,313 @@
+//! `exp` of f32 values with the bits of the C library's `expf` (glibc 2.27
+//! and later, which took it from Arm's optimized-routines): the argument is
+//! reduced in double precision against a 32-entry table of `2^(i/32)`, a
+//! cubic polynomial approximates the rest, and the double result is rounded
+//! once to f32. Written out here so that SwiGLU's sigmoid (which has always
+//! used the C library's `expf`, to give the bits of burn's own `silu`) no
+//! longer depends on which C library or CPU variant of it runs, and so that
+//! it runs four values per instruction where the CPU has AVX2 instead of
+//! one call per value.
+//!
+//! The multiply-adds are fused, as in the C library's FMA variant
+//! (`__expf_fma`, the one glibc picks on every CPU with FMA): on two of the
+//! four billion inputs the unfused variant differs in the last bit. The
+//! scalar code (`f64::mul_add`) and the AVX2 code (`vfmadd`) do the same
+//! operations, so they give the same bits. `just check-expf` compares every
+//! f32 input with the C library's; the unit tests check a sample and pin a
+//! few values, so the port is checked even where another C library runs.
+//! Measured in `just bench-kernels` (`exp`).
+
+/// `2^(i/32)` rounded to double, less `i << 47` (so that adding `k << 47`
+/// for `k = 32 e + i` scales it by `2^e`).
+const TABLE: [u64; 32] = [
+    0x3ff0000000000000,
+    0x3fefd9b0d3158574,
+    0x3fefb5586cf9890f,
+    0x3fef9301d0125b51,
+    0x3fef72b83c7d517b,
+    0x3fef54873168b9aa,
+    0x3fef387a6e756238,
+    0x3fef1e9df51fdee1,
+    0x3fef06fe0a31b715,
+    0x3feef1a7373aa9cb,
+    0x3feedea64c123422,
+    0x3feece086061892d,
+    0x3feebfdad5362a27,
+    0x3feeb42b569d4f82,
+    0x3feeab07dd485429,
+    0x3feea47eb03a5585,
+    0x3feea09e667f3bcd,
+    0x3fee9f75e8ec5f74,
+    0x3feea11473eb0187,
+    0x3feea589994cce13,
+    0x3feeace5422aa0db,
+    0x3feeb737b0cdc5e5,
+    0x3feec49182a3f090,
+    0x3feed503b23e255d,
+    0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47,
+    0x3fef199bdd85529c,
+    0x3fef3720dcef9069,
+    0x3fef5818dcfba487,
+    0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da,
+    0x3fefd0765b6e4540,
+];
+
+/// `32 / ln 2` (`0x1.71547652b82fep+0 * 32`).
+const INV_LN2_32: f64 = f64::from_bits(0x3ff7_1547_652b_82fe) * 32.0;
+/// `1.5 * 2^52`: adding it rounds a double to an integer in its low bits.
+const SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
+/// The polynomial `C0 r^3 + C1 r^2 + C2 r + 1 ~ 2^(r/32)`: the coefficients
+/// of `2^r` (`0x1.c6af84b912394p-5`, `0x1.ebfce50fac4f3p-3`,
+/// `0x1.62e42ff0c52d6p-1`) divided by the powers of 32 (exactly).
+const C0: f64 = f64::from_bits(0x3fac_6af8_4b91_2394) / 32_768.0;
+const C1: f64 = f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1_024.0;
+const C2: f64 = f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0;
+/// Above this (`0x1.62e42ep6`) `expf` overflows to `+inf`.
+const OVERFLOW: f32 = f32::from_bits(0x42b1_7217);
+/// Below this (`-0x1.9fe368p6`) `expf` underflows to `+0`.
+const UNDERFLOW: f32 = f32::from_bits(0xc2cf_f1b4);
+
+/// `e^x`, with the bits of glibc's `expf`.
+pub fn exp(x: f32) -> f32 {
+    if x.is_nan() {
+        return x + x;
+    }
+    if x > OVERFLOW {
+        return f32::INFINITY;
+    }
+    if x < UNDERFLOW {
+        return 0.0;
+    }
+    let xd = f64::from(x);
+    let rounded = INV_LN2_32.mul_add(xd, SHIFT);
+    let k = rounded.to_bits();
+    let r = INV_LN2_32.mul_add(xd, -(rounded - SHIFT));
+    let scale = f64::from_bits(TABLE[(k % 32) as usize].wrapping_add(k << 47));
+    let p = C0.mul_add(r, C1);
+    let y = C2.mul_add(r, 1.0);
+    (p.mul_add(r * r, y) * scale) as f32
+}
+
+/// The logistic function `1 / (1 + e^-x)` as burn's CPU backend computes
+/// it, one branch per sign: `1 / (1 + e^-x)` for `x >= 0`, `e^x / (1 + e^x)`
+/// below.
+pub fn sigmoid(x: f32) -> f32 {
+    let e = exp(-x.abs());
+    if x >= 0.0 {
+        1.0 / (1.0 + e)
+    } else {
+        e / (1.0 + e)
+    }
+}
+
+/// `out[i] = sigmoid(x[i])`, the same bits as [`sigmoid`], vectorised.
+///
+/// # Panics
+/// If the slices differ in length.
+pub fn sigmoid_into(x: &[f32], out: &mut [f32]) {
+    assert_eq!(x.len(), out.len(), "sigmoid_into: lengths differ");
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = -v.abs();
+    }
+    exp_in_place(out);
+    for (o, &v) in out.iter_mut().zip(x) {
+        let e = *o;
+        *o = if v >= 0.0 {
+            1.0 / (1.0 + e)
+        } else {
+            e / (1.0 + e)
+        };
+    }
+}
+
+/// `x[i] = exp(x[i])`, the same bits as [`exp`]: eight values at a time
+/// with AVX2, one at a time without it.
+pub fn exp_in_place(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA are present (checked just above).
+        unsafe { avx2::exp_in_place(x) };
+        return;
+    }
+    for v in x {
+        *v = exp(*v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{exp, C0, C1, C2, INV_LN2_32, OVERFLOW, SHIFT, TABLE, UNDERFLOW};
+
+    /// Four f32 values (in an SSE register) through [`exp`]'s steps in
+    /// double precision; lanes outside `[UNDERFLOW, OVERFLOW]` (or NaN)
+    /// are left for the caller to redo.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp4(x: __m128) -> __m128 {
+        let xd = _mm256_cvtps_pd(x);
+        let inv_ln2 = _mm256_set1_pd(INV_LN2_32);
+        let rounded = _mm256_fmadd_pd(inv_ln2, xd, _mm256_set1_pd(SHIFT));
+        let k = _mm256_castpd_si256(rounded);
+        let kd = _mm256_sub_pd(rounded, _mm256_set1_pd(SHIFT));
+        let r = _mm256_fmsub_pd(inv_ln2, xd, kd);
+        let index = _mm256_and_si256(k, _mm256_set1_epi64x(31));
+        let entry = _mm256_i64gather_epi64::<8>(TABLE.as_ptr().cast::<i64>(), index);
+        let scale = _mm256_castsi256_pd(_mm256_add_epi64(entry, _mm256_slli_epi64::<47>(k)));
+        let p = _mm256_fmadd_pd(_mm256_set1_pd(C0), r, _mm256_set1_pd(C1));
+        let y = _mm256_fmadd_pd(_mm256_set1_pd(C2), r, _mm256_set1_pd(1.0));
+        let y = _mm256_fmadd_pd(p, _mm256_mul_pd(r, r), y);
+        _mm256_cvtpd_ps(_mm256_mul_pd(y, scale))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_in_place(x: &mut [f32]) {
+        let (low, high) = (_mm_set1_ps(UNDERFLOW), _mm_set1_ps(OVERFLOW));
+        let mut chunks = x.chunks_exact_mut(4);
+        for chunk in &mut chunks {
+            let v = _mm_loadu_ps(chunk.as_ptr());
+            let out = exp4(v);
+            // Ordered comparisons: NaN lanes count as out of range.
+            let inside = _mm_and_ps(_mm_cmpge_ps(v, low), _mm_cmple_ps(v, high));
+            _mm_storeu_ps(chunk.as_mut_ptr(), out);
+            if _mm_movemask_ps(inside) != 0b1111 {
+                // Some lane needs the special cases: redo all four.
+                let input: [f32; 4] = std::mem::transmute(v);
+                for (value, input) in chunk.iter_mut().zip(input) {
+                    *value = exp(input);
+                }
+            }
+        }
+        for v in chunks.into_remainder() {
+            *v = exp(*v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inputs and the bits of glibc 2.36's `expf` for them.
+    const PINNED: [(f32, u32); 12] = [
+        (0.0, 0x3f80_0000),
+        (1.0, 0x402d_f854),
+        (-1.0, 0x3ebc_5ab2),
+        (0.5, 0x3fd3_094c),
+        (-0.3, 0x3f3d_a643),
+        (10.5, 0x470d_db81),
+        (-87.5, 0x006c_b2bc),
+        (88.5, 0x7f4c_dcc4),
+        (-103.5, 0x0000_0001),
+        (-20.25, 0x30dc_9ef1),
+        (3.3e-5, 0x3f80_0115),
+        (42.0, 0x5dc1_192b),
+    ];
+
+    /// Every `stride`-th f32 bit pattern.
+    fn sample(stride: usize) -> impl Iterator<Item = f32> {
+        (0..=u32::MAX).step_by(stride).map(f32::from_bits)
+    }
+
+    #[test]
+    fn pinned_values() {
+        // Bits of glibc 2.36's expf, recorded once, so that the port stays
+        // pinned whatever C library runs the tests.
+        for (x, bits) in PINNED {
+            assert_eq!(exp(x).to_bits(), bits, "exp({x:e})");
+        }
+        assert_eq!(exp(f32::NEG_INFINITY).to_bits(), 0);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp(100.0), f32::INFINITY);
+        assert_eq!(exp(-110.0).to_bits(), 0);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    fn matches_the_c_library_on_a_sample_of_every_f32() {
+        for x in sample(4099) {
+            let want = x.exp();
+            let got = exp(x);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "exp({x:e}) = {got:e}, the C library gives {want:e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_vectorised_path_gives_the_scalar_bits() {
+        let inputs: Vec<f32> = sample(65_537)
+            .chain([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 88.72, -103.97])
+            .collect();
+        let mut vectorised = inputs.clone();
+        exp_in_place(&mut vectorised);
+        for (x, got) in inputs.iter().zip(&vectorised) {
+            let want = exp(*x);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "exp({x:e}): vectorised {got:e}, scalar {want:e}"
+            );
+        }
+        let mut sigmoids = vec![0.0; inputs.len()];
+        sigmoid_into(&inputs, &mut sigmoids);
+        for (x, got) in inputs.iter().zip(&sigmoids) {
+            let want = sigmoid(*x);
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()));
+        }
+    }
+
+    /// Every f32 input through the vectorised path against the scalar one
+    /// (`just check-expf`).
+    #[test]
+    #[ignore]
+    fn the_vectorised_path_gives_the_scalar_bits_on_every_f32() {
+        let mut block = vec![0.0f32; 1 << 20];
+        for start in (0..=u32::MAX).step_by(1 << 20) {
+            for (i, v) in block.iter_mut().enumerate() {
+                *v = f32::from_bits(start + i as u32);
+            }
+            exp_in_place(&mut block);
+            for (i, got) in block.iter().enumerate() {
+                let want = exp(f32::from_bits(start + i as u32));
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "input bits {:#010x}",
+                    start + i as u32
+                );
+            }
+        }
+    }
+
+    /// Every f32 input against the C library (`just check-expf`; about half
+    /// a minute in release).
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[test]
+    #[ignore]
+    fn matches_the_c_library_on_every_f32() {
+        let mismatches: Vec<f32> = (0..=u32::MAX)
+            .map(f32::from_bits)
+            .filter(|x| {
+                let (got, want) = (exp(*x), x.exp());
+                got.to_bits() != want.to_bits() && !(got.is_nan() && want.is_nan())
+            })
+            .collect();
+        assert!(
+            mismatches.is_empty(),
+            "{} inputs differ, e.g. {:?}",
+            mismatches.len(),
+            mismatches
+                .iter()
+                .take(8)
+                .map(|x| format!(
+                    "exp({x:e}) = {:e}, the C library gives {:e}",
+                    exp(*x),
+                    x.exp()
+                ))
+                .collect::<Vec<_>>()
+        );
+    }
+}
