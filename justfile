@@ -14,7 +14,7 @@ default:
 test: setup-python
     cargo test --workspace --locked
 
-# Every f32 input through mappa-kernels' expf against the C library's, and its vectorised path against its scalar one (about a minute).
+# Every f32 input through mappa-kernels' expf (SwiGLU's: against the C library's; the softmax's: against the libm crate's), each vectorised path against its scalar one (about a minute).
 check-expf:
     cargo test --release --locked -p mappa-kernels expf -- --include-ignored
 
