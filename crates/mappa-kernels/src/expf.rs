@@ -122,7 +122,7 @@ pub fn sigmoid_into(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `x[i] = exp(x[i])`, the same bits as [`exp`]: eight values at a time
+/// `x[i] = exp(x[i])`, the same bits as [`exp`]: four values at a time
 /// with AVX2, one at a time without it.
 pub fn exp_in_place(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
@@ -217,7 +217,7 @@ mod avx2_libm {
 
     use super::freebsd::{INV_LN2, LN2_HI, LN2_LO, P1, P2};
 
-    /// Eight lanes of `libm::expf`'s common path: `|x|` in `(2^-14, 86.6]`
+    /// Eight lanes of `libm::expf`'s common path: `|x|` in `(2^-13, 86.6]`
     /// (its argument reduction by `k ln 2`, the rational approximation, then
     /// a scaling by `2^k` that one multiplication does exactly), and `+0`
     /// below `-103.97` (`-inf` included). Returns the values and a mask of
@@ -273,7 +273,7 @@ mod avx2_libm {
             _mm256_and_si256(above(0x42cf_f1b4), negative),
         );
         out = _mm256_andnot_ps(_mm256_castsi256_ps(underflow), out);
-        // Covered: |x| in (2^-14, 86.6] (k >= -125), or the underflow.
+        // Covered: |x| in (2^-13, 86.6] (k >= -125), or the underflow.
         let covered = _mm256_or_si256(
             _mm256_andnot_si256(above(0x42ad_3333), above(0x3900_0000)),
             underflow,
