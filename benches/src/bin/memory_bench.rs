@@ -371,7 +371,9 @@ fn measure<B: AutodiffModelBackend>(
     let model_config = base.config().clone();
     let second = match B::device_count(device.id().type_id) {
         0 | 1 => device.clone(),
-        _ => mappa_train::data_parallel::device_at::<B>(&device, 1),
+        _ => mappa_train::data_parallel::devices_of_box::<B>(&device, 2)
+            .expect("devices 0 and 1")
+            .remove(1),
     };
     let train = TrainConfig {
         lr: 1e-5,

@@ -14,6 +14,8 @@ use burn::tensor::{Shape, TensorMetadata};
 use super::{CausalMask, ModelBackend};
 
 impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
+    const ONE_DEVICE: bool = B::ONE_DEVICE;
+
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct Matmul;

@@ -56,6 +56,8 @@ const ROWS_PER_TASK: usize = 16;
 const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
 
 impl ModelBackend for Flex {
+    const ONE_DEVICE: bool = true;
+
     fn write_slice(
         tensor: FloatTensor<Self>,
         ranges: &[std::ops::Range<usize>],

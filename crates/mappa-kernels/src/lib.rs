@@ -41,6 +41,12 @@ pub const SUMMATION_ORDER: u32 = 1;
 /// are burn's operations; the CPU backend overrides them with kernels whose
 /// summation order does not depend on the machine.
 pub trait ModelBackend: Backend {
+    /// Whether every device index names the one device of the backend (a
+    /// CPU backend), rather than a device of its own. Only then may several
+    /// indices of a run share a device; elsewhere an index that maps to
+    /// another index's device is refused.
+    const ONE_DEVICE: bool = false;
+
     /// `lhs @ rhs` over the last two dimensions; the leading (batch)
     /// dimensions must be equal (no broadcasting).
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -528,7 +534,9 @@ pub fn attention<B: ModelBackend>(
 }
 
 #[cfg(feature = "ndarray")]
-impl ModelBackend for burn::backend::NdArray {}
+impl ModelBackend for burn::backend::NdArray {
+    const ONE_DEVICE: bool = true;
+}
 
 #[cfg(feature = "wgpu")]
 impl ModelBackend for burn::backend::Wgpu {}

@@ -9,21 +9,31 @@
 //! order (burn's tree strategy). With two workers the order cannot matter
 //! (floating-point addition is commutative), so even two workers on one
 //! device (the CPU backend's only device, as the tests use it) are
-//! bit-reproducible; more workers than that must be on distinct devices.
-//! The result differs from the single-device update only by the grouping
-//! of the sum, which is why the run id counts each agent's replicas.
+//! bit-reproducible; more workers than that must be on distinct devices,
+//! listed in ascending order (the manifest checks it), so that the order of
+//! the sum follows from the run id. The result differs from the
+//! single-device update only by the grouping of the sum, which is why the
+//! run id counts each agent's replicas.
+//!
+//! The replicas are copied from the policy at every update (the broadcast of
+//! the new weights that a data-parallel step needs anyway) and dropped after
+//! it; the memory plan counts them as held, which bounds the update's peak.
 //!
 //! burn keeps one collective per backend type in the process: a lock makes
-//! data-parallel steps take turns, and a worker that fails tells the others
-//! before any of them enters the all-reduce, so none waits for it forever.
+//! data-parallel steps take turns. Every replica is placed before any worker
+//! joins the collective, and a worker that fails tells the others at a
+//! barrier before any of them enters the all-reduce, so none waits for a
+//! peer that will never come.
 
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Barrier, Mutex};
 
 use burn::collective::{self, CollectiveConfig, PeerId, ReduceOperation};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{DeviceId, DeviceOps};
-use mappa_model::{AutodiffModelBackend, Transformer};
+use mappa_model::{AutodiffModelBackend, ModelBackend, Transformer};
 
 use crate::TrainError;
 
@@ -33,13 +43,51 @@ static COLLECTIVE: Mutex<()> = Mutex::new(());
 
 /// The device `index` of the backend whose device 0 is `first` (on a
 /// backend with a single device, such as the CPU's, every index is it).
-pub fn device_at<B: AutodiffModelBackend>(first: &B::Device, index: usize) -> B::Device {
+fn device_at<B: AutodiffModelBackend>(first: &B::Device, index: usize) -> B::Device {
     let id = first.id();
     let index_id = u16::try_from(index).unwrap_or(u16::MAX);
     <B::Device as burn::tensor::backend::Device>::from_id(DeviceId {
         type_id: id.type_id,
         index_id,
     })
+}
+
+/// The devices `0..count` of a box (`[devices] count`) on the backend whose
+/// device 0 is `first`. Each index must name a device of its own, except on
+/// a backend with one device ([`ModelBackend::ONE_DEVICE`], the CPU), where
+/// every index is that device. (wgpu's default device, for one, maps every
+/// index to itself: the plan would count one GPU as several.)
+pub fn devices_of_box<B: AutodiffModelBackend>(
+    first: &B::Device,
+    count: usize,
+) -> Result<Vec<B::Device>, TrainError> {
+    let devices: Vec<B::Device> = (0..count).map(|i| device_at::<B>(first, i)).collect();
+    let ids: Vec<DeviceId> = devices.iter().map(|d| d.id()).collect();
+    check_indexed(&ids, <B as ModelBackend>::ONE_DEVICE).map_err(|i| {
+        TrainError::Config(format!(
+            "devices.count = {count}: device index {i} is {:?} on this backend, which does \
+                 not give each index a device of its own; declare one device (devices.count = 1) \
+                 or choose a backend with indexed devices (CUDA, or wgpu's discrete GPUs)",
+            devices[i]
+        ))
+    })?;
+    Ok(devices)
+}
+
+/// The first index of `ids` that does not name device `index` of its own
+/// (unless the backend has `one_device`).
+fn check_indexed(ids: &[DeviceId], one_device: bool) -> Result<(), usize> {
+    if one_device {
+        return Ok(());
+    }
+    match ids
+        .iter()
+        .enumerate()
+        .find(|(i, id)| usize::from(id.index_id) != *i || ids[..*i].contains(id))
+    {
+        Some((i, _)) => Err(i),
+        None => Ok(()),
+    }
 }
 
 /// Checks that `devices` can run one agent's update data-parallel: at
@@ -62,16 +110,13 @@ pub fn check_devices<B: AutodiffModelBackend>(
             devices[0]
         )));
     }
-    let mut ids: Vec<DeviceId> = devices.iter().map(|d| d.id()).collect();
-    ids.sort();
-    ids.dedup();
-    if devices.len() > 2 && ids.len() < devices.len() {
+    let ids: Vec<DeviceId> = devices.iter().map(|d| d.id()).collect();
+    if devices.len() > 2 && ids.windows(2).any(|pair| pair[0] >= pair[1]) {
         return Err(TrainError::Config(format!(
-            "agent {agent}: {} data-parallel replicas share {} device(s); more than two replicas \
-             must be on distinct devices, or the order of the gradient sum (and so the bits) \
-             would vary between runs",
-            devices.len(),
-            ids.len()
+            "agent {agent}: {} data-parallel replicas on {devices:?}; more than two replicas \
+             must be on distinct devices in ascending order, or the order of the gradient sum \
+             (and so the bits) would not follow from the run id",
+            devices.len()
         )));
     }
     Ok(())
@@ -108,37 +153,54 @@ where
     let _turn = COLLECTIVE
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // Every replica before any worker joins the collective: a replica that
+    // cannot be placed (a device the machine lacks, memory) fails the step
+    // here, instead of leaving registered peers waiting for it.
+    let replicas: Vec<Transformer<B>> = catch_unwind(AssertUnwindSafe(|| {
+        devices[..workers]
+            .iter()
+            .map(|device| policy.clone().fork(device))
+            .collect()
+    }))
+    .map_err(|payload| {
+        TrainError::DataParallel(format!(
+            "placing the policy's replicas on {:?} failed: {}",
+            &devices[..workers],
+            panic_message(payload.as_ref())
+        ))
+    })?;
     collective::reset_collective::<B::InnerBackend>();
     let barrier = Barrier::new(workers);
     let failed = Mutex::new(false);
     let config = CollectiveConfig::default().with_num_devices(workers);
     // Each worker: its output, none when it stood down because another failed.
     let results: Vec<Result<Option<WorkerOutput<S>>, TrainError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                let replica = policy.clone().fork(&devices[w]);
+        let handles: Vec<_> = replicas
+            .iter()
+            .enumerate()
+            .map(|(w, replica)| {
                 let (barrier, failed, config, gradients) = (&barrier, &failed, &config, &gradients);
+                let device = devices[w].clone();
                 scope.spawn(move || {
                     let peer = PeerId::from(w as u32);
-                    collective::register::<B::InnerBackend>(
-                        peer,
-                        devices[w].clone(),
-                        config.clone(),
-                    )
-                    .map_err(|e| collective_error("register", e))?;
-                    let local = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    // Registration waits for every peer; it fails only on a
+                    // configuration all of them share, so all fail alike.
+                    collective::register::<B::InnerBackend>(peer, device.clone(), config.clone())
+                        .map_err(|e| collective_error("register", e))?;
+                    let local = catch_unwind(AssertUnwindSafe(|| {
                         let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
                         let mut sides = Vec::new();
                         for (i, chunk) in chunks.iter().enumerate().skip(w).step_by(workers) {
-                            let (grads, side) = gradients(&replica, chunk)?;
-                            accumulator.accumulate(&replica, grads);
+                            let (grads, side) = gradients(replica, chunk)?;
+                            accumulator.accumulate(replica, grads);
                             sides.push((i, side));
                         }
                         Ok((accumulator.grads(), sides))
                     }))
-                    .unwrap_or_else(|_| {
-                        Err(TrainError::Config(format!(
-                            "data-parallel worker {w} panicked"
+                    .unwrap_or_else(|payload| {
+                        Err(TrainError::DataParallel(format!(
+                            "worker {w} (device {device:?}) panicked: {}",
+                            panic_message(payload.as_ref())
                         )))
                     });
                     if local.is_err() {
@@ -154,17 +216,23 @@ where
                         Ok(_) => Ok(None),
                         Err(e) => Err(e),
                     };
-                    collective::finish_collective::<B::InnerBackend>(peer)
-                        .map_err(|e| collective_error("finish", e))?;
-                    out
+                    let finished = collective::finish_collective::<B::InnerBackend>(peer)
+                        .map_err(|e| collective_error("finish", e));
+                    // The worker's own failure comes first; leaving the
+                    // collective can only fail a worker that had succeeded.
+                    out.and_then(|out| finished.map(|()| out))
                 })
             })
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(TrainError::Config("a data-parallel worker panicked".into()))
+            .enumerate()
+            .map(|(w, handle)| {
+                handle.join().unwrap_or_else(|payload| {
+                    Err(TrainError::DataParallel(format!(
+                        "worker {w} panicked outside its gradients: {}",
+                        panic_message(payload.as_ref())
+                    )))
                 })
             })
             .collect()
@@ -182,7 +250,7 @@ where
     }
     sides.sort_by_key(|(i, _)| *i);
     let grads = main.ok_or_else(|| {
-        TrainError::Config("data-parallel: a worker failed without an error".into())
+        TrainError::DataParallel("a worker stood down but none reported a failure".into())
     })?;
     Ok((grads, sides.into_iter().map(|(_, s)| s).collect()))
 }
@@ -191,7 +259,44 @@ where
 type WorkerOutput<S> = (GradientsParams, Vec<(usize, S)>);
 
 fn collective_error(what: &str, e: collective::CollectiveError) -> TrainError {
-    TrainError::Config(format!(
-        "data-parallel {what}: burn's collective failed: {e:?}"
-    ))
+    TrainError::DataParallel(format!("{what}: burn's collective failed: {e:?}"))
+}
+
+/// The message a panic carried (`panic!` with a literal or a format).
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(index_id: u16) -> DeviceId {
+        DeviceId {
+            type_id: 0,
+            index_id,
+        }
+    }
+
+    #[test]
+    fn indices_must_name_devices_of_their_own() {
+        assert_eq!(check_indexed(&[id(0), id(1), id(2)], false), Ok(()));
+        // wgpu's default device: every index maps to the same id.
+        assert_eq!(check_indexed(&[id(0), id(0)], false), Err(1));
+        assert_eq!(check_indexed(&[id(0), id(2)], false), Err(1));
+        // The CPU backend's one device stands for every index.
+        assert_eq!(check_indexed(&[id(0), id(0), id(0)], true), Ok(()));
+    }
+
+    #[test]
+    fn panic_messages_are_kept() {
+        let literal = catch_unwind(|| panic!("out of memory")).unwrap_err();
+        assert_eq!(panic_message(literal.as_ref()), "out of memory");
+        let formatted = catch_unwind(|| panic!("device {} missing", 3)).unwrap_err();
+        assert_eq!(panic_message(formatted.as_ref()), "device 3 missing");
+    }
 }

@@ -107,6 +107,10 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// A data-parallel update failed while running (names the worker or
+    /// the collective operation).
+    #[error("data-parallel update: {0}")]
+    DataParallel(String),
     /// The inference engine of `[rollout.engine]` failed or refused.
     #[error("inference engine: {0}")]
     Engine(String),

@@ -334,6 +334,13 @@ impl DevicesSpec {
                     "devices.agents.{role} = {devices:?}: a device is listed twice"
                 ));
             }
+            if devices.len() > 2 && devices.windows(2).any(|w| w[0] > w[1]) {
+                return Err(format!(
+                    "devices.agents.{role} = {devices:?}: more than two devices must be listed in \
+                     ascending order (burn's all-reduce adds the replicas' gradients in device \
+                     order, so another order would change the results under the same run id)"
+                ));
+            }
         }
         if self.engine_device >= self.count {
             return Err(format!(
@@ -947,6 +954,16 @@ mod tests {
             "count = 2\nagents = { solver = [1, 1] }",
             false,
             "listed twice",
+        );
+        check(
+            "count = 3\nagents = { solver = [1, 0], verifier = [0, 1, 2] }",
+            false,
+        )
+        .unwrap();
+        refused(
+            "count = 3\nagents = { solver = [2, 0, 1] }",
+            false,
+            "ascending order",
         );
         refused("engine_device = 1", true, "devices.engine_device = 1");
         refused(

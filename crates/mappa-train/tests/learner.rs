@@ -355,6 +355,31 @@ fn a_failing_data_parallel_worker_fails_the_step_and_the_next_step_runs() {
 }
 
 #[test]
+fn a_panicking_data_parallel_worker_reports_its_message_and_the_next_step_runs() {
+    use mappa_train::data_parallel::parallel_gradients;
+    let device = Default::default();
+    let policy = model();
+    let devices = [device, device];
+    let chunks = [0usize, 1, 2];
+    let err = parallel_gradients(&policy, &devices, &chunks, |_, &chunk| {
+        assert!(chunk != 1, "micro-batch {chunk} is poisoned");
+        Ok((GradientsParams::new(), chunk))
+    })
+    .expect_err("the step fails");
+    let message = err.to_string();
+    assert!(
+        message.contains("worker 1") && message.contains("micro-batch 1 is poisoned"),
+        "{message}"
+    );
+    // Nobody was left registered: the next step runs, its sides in order.
+    let (_, sides) = parallel_gradients(&policy, &devices, &chunks, |_, &chunk| {
+        Ok((GradientsParams::new(), chunk))
+    })
+    .unwrap();
+    assert_eq!(sides, chunks);
+}
+
+#[test]
 fn data_parallel_devices_are_checked() {
     let device = Default::default();
     let refused = |devices: Vec<_>| {

@@ -58,21 +58,18 @@ pub(super) fn open_environment(
 }
 
 /// The devices of `role` (`[devices] agents`; device 0 by default), the
-/// first being its main device, as devices of the backend whose device 0
-/// is `first`.
+/// first being its main device, taken from the box's `devices`
+/// ([`crate::data_parallel::devices_of_box`]).
 fn role_devices<B: AutodiffModelBackend>(
     manifest: &Manifest,
     role: &str,
-    first: &B::Device,
+    devices: &[B::Device],
 ) -> Vec<B::Device> {
     let indices = manifest
         .devices
         .as_ref()
         .map_or_else(|| vec![0], |d| d.of(role));
-    indices
-        .into_iter()
-        .map(|i| crate::data_parallel::device_at::<B>(first, i))
-        .collect()
+    indices.into_iter().map(|i| devices[i].clone()).collect()
 }
 
 /// Each role's starting model, on its main device, and the directory it
@@ -84,7 +81,7 @@ fn role_devices<B: AutodiffModelBackend>(
 fn base_models<B: AutodiffModelBackend>(
     manifest: &Manifest,
     workflow: &Workflow,
-    first: &B::Device,
+    devices: &[B::Device],
 ) -> Result<BTreeMap<String, (Transformer<B>, PathBuf)>, TrainError> {
     let mut loaded: BTreeMap<(PathBuf, Option<u64>, usize), Transformer<B>> = BTreeMap::new();
     let mut sources = BTreeMap::new();
@@ -96,7 +93,7 @@ fn base_models<B: AutodiffModelBackend>(
             .devices
             .as_ref()
             .map_or(0, |d| d.of(&agent.role)[0]);
-        let device = &crate::data_parallel::device_at::<B>(first, main);
+        let device = &devices[main];
         let key = (spec.path.clone(), spec.init_seed, main);
         let model = match loaded.get(&key) {
             Some(model) => model.clone(),
@@ -160,7 +157,9 @@ where
         device: &B::Device,
     ) -> Result<Self, TrainError> {
         let (workflow, tasks, sandbox) = open_environment(manifest, run_dir)?;
-        let mut sources = base_models::<B>(manifest, &workflow, device)?;
+        let count = manifest.devices.as_ref().map_or(1, |d| d.count);
+        let box_devices = crate::data_parallel::devices_of_box::<B>(device, count)?;
+        let mut sources = base_models::<B>(manifest, &workflow, &box_devices)?;
         if let Some(warm) = &manifest.warm_start {
             let resolved = manifest.resolve()?;
             let cache_root = run_dir.parent().unwrap_or(run_dir).join(".warm-start");
@@ -176,7 +175,7 @@ where
             )?;
             sources = BTreeMap::new();
             for (role, path) in tuned {
-                let main = role_devices::<B>(manifest, &role, device).remove(0);
+                let main = role_devices::<B>(manifest, &role, &box_devices).remove(0);
                 let model = load_transformer::<B>(&path, &main)
                     .and_then(|m| manifest.train.base_dtype.store(m))
                     .map_err(|e| TrainError::model_at(&path, e))?;
@@ -197,7 +196,7 @@ where
             let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(model_err)?;
             let mut learner = AgentLearner::new(&agent.role, policy, manifest.train.clone())?
                 .with_base_model(path.display().to_string());
-            let devices = role_devices::<B>(manifest, &agent.role, device);
+            let devices = role_devices::<B>(manifest, &agent.role, &box_devices);
             if devices.len() > 1 {
                 learner = learner.with_data_parallel(devices)?;
             }
