@@ -167,6 +167,8 @@ fn run<B: AutodiffModelBackend>(
 }
 
 fn main() {
+    // As the `mappa` binary does (the CPU backend's allocation pattern).
+    mappa_model::kernels::alloc::keep_freed_memory();
     let args = Args::parse();
     let rows = match args.backend.as_str() {
         "flex" => run::<mappa_model::backend::CpuAutodiff>("flex", &args, &Default::default()),

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    mappa_model::kernels::alloc::keep_freed_memory();
     match mappa_cli::execute(mappa_cli::Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -127,6 +127,44 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         }
     }
 
+    fn permute_contiguous(x: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct PermuteContiguous;
+
+        impl<B: ModelBackend> Backward<B, 1> for PermuteContiguous {
+            /// The inverse permutation.
+            type State = Vec<usize>;
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let inverse = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::permute_contiguous(grad, &inverse)
+                });
+            }
+        }
+
+        let output = B::permute_contiguous(x.primitive, axes);
+        match PermuteContiguous
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let mut inverse = vec![0; axes.len()];
+                for (i, &a) in axes.iter().enumerate() {
+                    inverse[a] = i;
+                }
+                prep.finish(inverse, output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(output),
+        }
+    }
+
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -347,6 +385,25 @@ mod tests {
     fn close<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) {
         a.into_data()
             .assert_approx_eq::<f32>(&b.into_data(), Tolerance::absolute(2e-5));
+    }
+
+    /// A contiguous permutation is burn's `permute`, forward and backward,
+    /// and the merged-heads reshape after it gives the same values.
+    #[test]
+    fn permute_contiguous_is_burns_permute() {
+        let x1 = param([2, 3, 4, 5], 3);
+        let x2 =
+            Tensor::<CpuAutodiff, 4>::from_data(x1.to_data(), &Default::default()).require_grad();
+        let weights = param([2 * 4, 3 * 5], 4).detach();
+        let mine = crate::permute_contiguous(x1.clone(), [0, 2, 1, 3]).reshape([8, 15]);
+        let theirs = x2.clone().permute([0, 2, 1, 3]).reshape([8, 15]);
+        assert_eq!(mine.to_data(), theirs.to_data());
+        let g1 = (mine * weights.clone()).sum().backward();
+        let g2 = (theirs * weights).sum().backward();
+        assert_eq!(
+            x1.grad(&g1).unwrap().into_data(),
+            x2.grad(&g2).unwrap().into_data()
+        );
     }
 
     /// SwiGLU's kernel gives the bits of burn's `silu(gate) * up`, forward

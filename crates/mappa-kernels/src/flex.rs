@@ -36,6 +36,8 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 use crate::expf::{libm_exp_in_place, sigmoid_into};
+
+mod copy;
 use crate::{CausalMask, ModelBackend};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
@@ -57,6 +59,10 @@ const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
 
 impl ModelBackend for Flex {
     const ONE_DEVICE: bool = true;
+
+    fn permute_contiguous(x: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
+        copy::to_contiguous(&f32_tensor(x).permute(axes))
+    }
 
     fn write_slice(
         tensor: FloatTensor<Self>,
@@ -606,7 +612,7 @@ impl<'a> IntoIterator for &'a Values {
 fn contiguous(x: FlexTensor) -> (Values, Shape) {
     let x = f32_tensor(x);
     let shape = x.shape();
-    let tensor = x.to_contiguous();
+    let tensor = copy::to_contiguous(&x);
     let start = tensor.layout().start_offset();
     let len = shape.num_elements();
     (Values { tensor, start, len }, shape)

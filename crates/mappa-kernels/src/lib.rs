@@ -21,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alloc;
 mod autodiff;
 pub mod expf;
 pub mod flex;
@@ -196,6 +197,14 @@ pub trait ModelBackend: Backend {
         dense_causal_attention_backward::<Self>(q, k, v, out, lse, grad, mask, ATTENTION_BLOCK_ROWS)
     }
 
+    /// `x` with its dimensions permuted (as burn's `permute`: output
+    /// dimension `i` is input dimension `axes[i]`), laid out contiguously
+    /// where the backend would otherwise copy it later, element by element
+    /// (the CPU backend). Under autodiff the gradient goes back the same way.
+    fn permute_contiguous(x: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
+        Self::float_permute(x, axes)
+    }
+
     /// `x` in f32 (itself when it is already): how frozen weights stored in
     /// a half-precision dtype enter the f32 computation. The CPU backend
     /// widens bf16 by moving its bits (exact, in parallel).
@@ -325,6 +334,24 @@ pub fn softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D>
 /// Log-softmax over the last dimension.
 pub fn log_softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     float(B::log_softmax_last(primitive(x)))
+}
+
+/// `x` with its dimensions permuted (output dimension `i` is input
+/// dimension `axes[i]`) and laid out contiguously: the reshapes that follow
+/// (merging heads, splitting them) are then free, forward and backward.
+/// Values are moved, never computed: the same bits as `permute`.
+pub fn permute_contiguous<B: ModelBackend, const D: usize>(
+    x: Tensor<B, D>,
+    axes: [usize; D],
+) -> Tensor<B, D> {
+    let mut seen = [false; D];
+    for &a in &axes {
+        assert!(
+            a < D && !std::mem::replace(&mut seen[a], true),
+            "permute_contiguous: {axes:?} is not a permutation of 0..{D}"
+        );
+    }
+    float(B::permute_contiguous(primitive(x), &axes))
 }
 
 /// `x` in f32: half-precision storage widened for computation (a no-op

@@ -209,10 +209,10 @@ impl<B: ModelBackend> Attention<B> {
         }
         let q = inputs.rope_q.apply(q) * (hd as f64).powf(-0.5);
         let k = inputs.rope_k.apply(k);
-        // Views: queries [b, kvh, rep, s, hd]; keys and values [b, kvh, s, hd].
-        let q = q.reshape([b, s, kvh, rep, hd]).permute([0, 2, 3, 1, 4]);
-        let k = k.reshape([b, s, kvh, hd]).swap_dims(1, 2);
-        let v = v.reshape([b, s, kvh, hd]).swap_dims(1, 2);
+        // Queries [b, kvh, rep, s, hd]; keys and values [b, kvh, s, hd].
+        let q = kernels::permute_contiguous(q.reshape([b, s, kvh, rep, hd]), [0, 2, 3, 1, 4]);
+        let k = kernels::permute_contiguous(k.reshape([b, s, kvh, hd]), [0, 2, 1, 3]);
+        let v = kernels::permute_contiguous(v.reshape([b, s, kvh, hd]), [0, 2, 1, 3]);
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v),
             None => (k, v),
@@ -230,7 +230,7 @@ impl<B: ModelBackend> Attention<B> {
             AttentionMask::Causal(mask) => kernels::attention(q, k, v, mask),
         };
         let out = out.reshape([b, kvh, rep, s, hd]);
-        let out = out.permute([0, 3, 1, 2, 4]).reshape([n, h * hd]);
+        let out = kernels::permute_contiguous(out, [0, 3, 1, 2, 4]).reshape([n, h * hd]);
         self.o_proj.forward(out)
     }
 }

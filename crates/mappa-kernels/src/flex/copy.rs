@@ -1,0 +1,138 @@
+//! Strided f32 views (permuted, transposed, sliced) laid out as contiguous
+//! buffers. burn-flex copies layouts that do not fold into two dimensions
+//! one element at a time through its strided iterator; attention's
+//! `[batch, heads, seq, head_dim]` permutations are such layouts, but their
+//! last dimension is contiguous, so they are copied here a row at a time.
+//! A copy moves values without arithmetic: the bits are those of the view.
+
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::tensor::{Bytes, DType, TensorMetadata};
+
+/// The most dimensions the row copy handles (burn's tensors have at most 8).
+const MAX_RANK: usize = 8;
+
+/// `x` (f32) as a tensor that owns a contiguous buffer of exactly its
+/// elements, in row-major order of its shape; `x` itself when it already is.
+pub(super) fn to_contiguous(x: &FlexTensor) -> FlexTensor {
+    let layout = x.layout();
+    let n = layout.num_elements();
+    let whole = x.bytes().len() == n * std::mem::size_of::<f32>();
+    if x.is_contiguous() && layout.start_offset() == 0 && whole {
+        return x.clone();
+    }
+    let (shape, strides) = match folded(layout.shape(), layout.strides()) {
+        Some(folded) => folded,
+        None => return x.to_contiguous(),
+    };
+    let rank = shape.len();
+    // One dimension, or an inner dimension that is not contiguous (a
+    // transpose): burn-flex's own copy handles these well (tiled).
+    if rank <= 2 || strides[rank - 1] != 1 {
+        return x.to_contiguous();
+    }
+    let src = x.storage::<f32>();
+    let run = shape[rank - 1];
+    let mut dst = Vec::with_capacity(n);
+    // Odometer over the outer dimensions; `at` is the source offset of the
+    // current row.
+    let mut index = [0usize; MAX_RANK];
+    let mut at = layout.start_offset() as isize;
+    for _ in 0..n / run {
+        let start = at as usize;
+        dst.extend_from_slice(&src[start..start + run]);
+        for d in (0..rank - 1).rev() {
+            index[d] += 1;
+            at += strides[d];
+            if index[d] < shape[d] {
+                break;
+            }
+            at -= strides[d] * shape[d] as isize;
+            index[d] = 0;
+        }
+    }
+    FlexTensor::new(
+        Bytes::from_elems(dst),
+        Layout::contiguous(x.shape()),
+        DType::F32,
+    )
+}
+
+/// The layout with size-1 dimensions dropped and neighbours that form one
+/// run through memory merged; none when a stride is negative or the rank is
+/// too large for the row copy.
+fn folded(shape: &[usize], strides: &[isize]) -> Option<(Vec<usize>, Vec<isize>)> {
+    if shape.len() > MAX_RANK || strides.iter().any(|&s| s < 0) {
+        return None;
+    }
+    let (mut dims, mut steps): (Vec<usize>, Vec<isize>) = (Vec::new(), Vec::new());
+    for (&size, &stride) in shape.iter().zip(strides) {
+        if size == 1 {
+            continue;
+        }
+        match (dims.last_mut(), steps.last_mut()) {
+            (Some(d), Some(s)) if *s == stride * size as isize => {
+                *d *= size;
+                *s = stride;
+            }
+            _ => {
+                dims.push(size);
+                steps.push(stride);
+            }
+        }
+    }
+    Some((dims, steps))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+
+    use super::*;
+
+    type B = burn::backend::flex::Flex;
+
+    fn flex(t: Tensor<B, 5>) -> FlexTensor {
+        match t.into_primitive() {
+            TensorPrimitive::Float(x) => x,
+            TensorPrimitive::QFloat(_) => unreachable!(),
+        }
+    }
+
+    fn values(x: &FlexTensor) -> Vec<f32> {
+        x.storage::<f32>().to_vec()
+    }
+
+    #[test]
+    fn permuted_views_copy_as_burn_flex_does() {
+        let shape = [2, 3, 2, 2, 4];
+        let n: usize = shape.iter().product();
+        let data: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
+        let x = Tensor::<B, 5>::from_data(TensorData::new(data, shape), &Default::default());
+        for axes in [
+            [0, 2, 3, 1, 4],
+            [0, 3, 1, 2, 4],
+            [1, 0, 2, 3, 4],
+            [0, 1, 2, 4, 3],
+        ] {
+            let view = flex(x.clone().permute(axes));
+            let ours = to_contiguous(&view);
+            let theirs = view.to_contiguous();
+            assert!(ours.is_contiguous() && ours.layout().start_offset() == 0);
+            assert_eq!(ours.shape(), theirs.shape(), "{axes:?}");
+            assert_eq!(values(&ours), values(&theirs), "{axes:?}");
+        }
+        // A slice in the middle (offset, gaps between rows).
+        let view = flex(
+            x.clone()
+                .slice([0..2, 1..3, 0..2, 0..2, 1..3])
+                .permute([0, 2, 1, 3, 4]),
+        );
+        assert_eq!(values(&to_contiguous(&view)), values(&view.to_contiguous()));
+        // Already contiguous: no copy.
+        let whole = flex(x);
+        assert!(std::sync::Arc::ptr_eq(
+            &to_contiguous(&whole).data_arc(),
+            &whole.data_arc()
+        ));
+    }
+}
