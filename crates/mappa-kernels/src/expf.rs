@@ -219,7 +219,8 @@ mod avx2_libm {
 
     /// Eight lanes of `libm::expf`'s common path: `|x|` in `(2^-13, 86.6]`
     /// (its argument reduction by `k ln 2`, the rational approximation, then
-    /// a scaling by `2^k` that one multiplication does exactly), and `+0`
+    /// a scaling by `2^k` that one multiplication does exactly), `1 + x` for
+    /// `|x|` up to `2^-13` (a softmax row's maximum gives 0), and `+0`
     /// below `-103.97` (`-inf` included). Returns the values and a mask of
     /// the lanes that it did not cover.
     #[target_feature(enable = "avx2")]
@@ -273,10 +274,20 @@ mod avx2_libm {
             _mm256_and_si256(above(0x42cf_f1b4), negative),
         );
         out = _mm256_andnot_ps(_mm256_castsi256_ps(underflow), out);
-        // Covered: |x| in (2^-13, 86.6] (k >= -125), or the underflow.
+        // |x| up to 2^-13 (zeros included): `1 + x`.
+        let small = _mm256_andnot_si256(above(0x3900_0000), _mm256_set1_epi32(-1));
+        out = _mm256_blendv_ps(
+            out,
+            _mm256_add_ps(_mm256_set1_ps(1.0), x),
+            _mm256_castsi256_ps(small),
+        );
+        // Covered: |x| in (2^-13, 86.6] (k >= -125), the underflow, or small.
         let covered = _mm256_or_si256(
-            _mm256_andnot_si256(above(0x42ad_3333), above(0x3900_0000)),
-            underflow,
+            _mm256_or_si256(
+                _mm256_andnot_si256(above(0x42ad_3333), above(0x3900_0000)),
+                underflow,
+            ),
+            small,
         );
         let uncovered = !_mm256_movemask_ps(_mm256_castsi256_ps(covered)) & 0xff;
         (out, uncovered)
@@ -298,8 +309,20 @@ mod avx2_libm {
                 }
             }
         }
-        for v in chunks.into_remainder() {
-            *v = libm::expf(*v);
+        // The last few values: padded to a full register.
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let mut lanes = [0.0f32; 8];
+            lanes[..rest.len()].copy_from_slice(rest);
+            let (out, uncovered) = exp8(_mm256_loadu_ps(lanes.as_ptr()));
+            let out: [f32; 8] = std::mem::transmute(out);
+            for (lane, value) in rest.iter_mut().enumerate() {
+                *value = if uncovered & (1 << lane) != 0 {
+                    libm::expf(lanes[lane])
+                } else {
+                    out[lane]
+                };
+            }
         }
     }
 }
@@ -390,11 +413,19 @@ mod tests {
                 -0.0,
             ])
             .chain([
-                86.6, -86.6, 87.5, -87.5, -103.97, -104.0, 1e-5, -1e-5, 0.4, -0.4,
+                86.6, -86.6, 87.5, -87.5, -103.97, -104.0, 1e-5, -1e-5, 0.4, -0.4, 1.2e-4, -1.2e-4,
+                1.3e-4, 1e-40,
             ])
             .collect();
         let mut vectorised = inputs.clone();
-        libm_exp_in_place(&mut vectorised);
+        // Every length of a partial last register, and the rest whole.
+        let mut rest = vectorised.as_mut_slice();
+        for len in 1..=8 {
+            let (part, after) = rest.split_at_mut(len);
+            libm_exp_in_place(part);
+            rest = after;
+        }
+        libm_exp_in_place(rest);
         for (x, got) in inputs.iter().zip(&vectorised) {
             let want = libm::expf(*x);
             assert!(
@@ -412,7 +443,10 @@ mod tests {
             for (i, v) in block.iter_mut().enumerate() {
                 *v = f32::from_bits(start + i as u32);
             }
-            vectorised(&mut block);
+            // Split so that both parts end in a partial register.
+            let (head, tail) = block.split_at_mut((1 << 20) - 3);
+            vectorised(head);
+            vectorised(tail);
             for (i, got) in block.iter().enumerate() {
                 let want = scalar(f32::from_bits(start + i as u32));
                 assert!(
