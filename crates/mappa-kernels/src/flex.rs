@@ -9,12 +9,15 @@
 //!   gemm's kernels reduces a slice (packed FMA chains, eight-lane dot
 //!   products for small `x @ w^T`, plain products for one- and two-term
 //!   slices, matrix-vector kernels for one row or column) follows from the
-//!   shapes and strides alone; the tests pin all but the matrix-vector
-//!   kernels against references of their summation order. gemm's f32
-//!   kernels are the same on every x86-64 CPU with AVX2 and FMA (its AVX-512
-//!   kernels are a cargo feature that is off), so a product is bit-identical
-//!   on all of them, whatever the thread count: threads split rows and
-//!   columns, never a sum.
+//!   shapes and strides alone; the tests pin each against a reference of
+//!   its summation order. The packed kernels keep one FMA chain per output
+//!   element whatever the register width, so gemm's AVX-512 kernels (its
+//!   `x86-v4` feature, about 1.4x faster here) give the bits of its AVX2
+//!   ones; the lane-split kernels (dot products kept in eight lanes, or
+//!   sixteen with AVX-512) do not, so those calls run gemm's AVX2 kernels
+//!   on every CPU ([`GemmCall`]). A product is therefore bit-identical on
+//!   every x86-64 CPU with AVX2 and FMA, whatever the thread count: threads
+//!   split rows and columns, never a sum.
 //! - **Sums** (RMSNorm, softmax, log-softmax, full sums) keep [`LANES`]
 //!   partial sums in plain Rust arrays and add them in a fixed tree, so the
 //!   compiler may vectorise them at any width without changing a bit, and
@@ -733,33 +736,190 @@ fn gemm_chunked(
         let len = GEMM_MAX_K.min(k - start);
         let l = lhs.start + lhs_offset + start as isize * lhs.col_stride;
         let r = rhs.start + rhs_offset + start as isize * rhs.row_stride;
+        let call = GemmCall {
+            m,
+            n,
+            k: len,
+            read_dst: start > 0,
+            lhs_cs: lhs.col_stride,
+            lhs_rs: lhs.row_stride,
+            rhs_cs: rhs.col_stride,
+            rhs_rs: rhs.row_stride,
+            parallelism,
+        };
         // SAFETY: the views' offsets and strides come from burn layouts of
         // tensors whose storage holds every element they address; `out` is
         // a dense m x n buffer.
         unsafe {
-            gemm::gemm(
-                m,
-                n,
-                len,
+            call.run(
                 out.as_mut_ptr().cast::<f32>(),
-                1,
-                n as isize,
-                start > 0,
                 lhs.data.as_ptr().offset(l),
-                lhs.col_stride,
-                lhs.row_stride,
                 rhs.data.as_ptr().offset(r),
-                rhs.col_stride,
-                rhs.row_stride,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                parallelism,
             );
         }
         start += len;
+    }
+}
+
+/// One call of gemm on a row-major `m x n` destination, `lhs` and `rhs` as
+/// strided matrices (column, row strides), `alpha = beta = 1`.
+#[derive(Debug, Clone, Copy)]
+struct GemmCall {
+    m: usize,
+    n: usize,
+    k: usize,
+    read_dst: bool,
+    lhs_cs: isize,
+    lhs_rs: isize,
+    rhs_cs: isize,
+    rhs_rs: isize,
+    parallelism: gemm::Parallelism,
+}
+
+impl GemmCall {
+    /// Whether gemm may reduce this call with a lane-split kernel (dot
+    /// products over `k` kept in SIMD lanes and added across lanes at the
+    /// end: its "horizontal" kernels for at most 256 outputs, and its
+    /// row-major matrix-vector kernel for one row or column), whose bits
+    /// depend on the vector width. Both need `lhs`'s rows and `rhs`'s
+    /// columns contiguous. Every other kernel of gemm's is a chain of
+    /// fused multiply-adds per output element in the order of `k`, the same
+    /// bits at any width.
+    fn lane_split(&self) -> bool {
+        self.lhs_cs == 1
+            && self.rhs_rs == 1
+            && (self.m * self.n <= 16 * 16 || self.m <= 1 || self.n <= 1)
+    }
+
+    /// `dst (+)= lhs @ rhs`. Lane-split calls run gemm's AVX2 kernels
+    /// (eight lanes) on every CPU that has AVX2 and FMA, also where gemm
+    /// itself would pick its AVX-512 kernels (sixteen lanes), so that the
+    /// bits are the same on both; the rest go to gemm's fastest kernels.
+    ///
+    /// # Safety
+    /// `dst`, `lhs` and `rhs` must address every element their shapes and
+    /// strides reach; `dst` is dense and row-major.
+    unsafe fn run(&self, dst: *mut f32, lhs: *const f32, rhs: *const f32) {
+        #[cfg(target_arch = "x86_64")]
+        if self.lane_split() {
+            if let Some(simd) = gemm_common::simd::V3::try_new() {
+                // SAFETY: as for `run`; AVX2 and FMA are present (`V3`).
+                unsafe { self.run_avx2(simd, dst, lhs, rhs) };
+                return;
+            }
+        }
+        // SAFETY: as for `run`.
+        unsafe {
+            gemm::gemm(
+                self.m,
+                self.n,
+                self.k,
+                dst,
+                1,
+                self.n as isize,
+                self.read_dst,
+                lhs,
+                self.lhs_cs,
+                self.lhs_rs,
+                rhs,
+                self.rhs_cs,
+                self.rhs_rs,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                self.parallelism,
+            );
+        }
+    }
+
+    /// The call as `gemm::gemm` makes it on a CPU whose best kernels are
+    /// AVX2's: the same transposition (gemm prefers a column-major
+    /// destination), then gemm's generic driver with its AVX2 kernels.
+    ///
+    /// # Safety
+    /// As for [`GemmCall::run`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn run_avx2(
+        &self,
+        simd: gemm_common::simd::V3,
+        dst: *mut f32,
+        lhs: *const f32,
+        rhs: *const f32,
+    ) {
+        use gemm_f32::microkernel::fma::f32::{H_M, H_N, H_UKR, MR_DIV_N, NR, UKR};
+        /// f32 lanes of an AVX2 register.
+        const LANES_AVX2: usize = 8;
+        let (dst_cs, dst_rs) = (1, self.n as isize);
+        let transpose = dst_cs < dst_rs;
+        let (m, n, dst_cs, dst_rs, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs) = if transpose {
+            let (n, m) = (self.m, self.n);
+            (
+                m,
+                n,
+                dst_rs,
+                dst_cs,
+                rhs,
+                self.rhs_rs,
+                self.rhs_cs,
+                lhs,
+                self.lhs_rs,
+                self.lhs_cs,
+            )
+        } else {
+            let (m, n) = (self.m, self.n);
+            (
+                m,
+                n,
+                dst_cs,
+                dst_rs,
+                lhs,
+                self.lhs_cs,
+                self.lhs_rs,
+                rhs,
+                self.rhs_cs,
+                self.rhs_rs,
+            )
+        };
+        // SAFETY: as for `run`.
+        unsafe {
+            gemm_common::gemm::gemm_basic_generic::<
+                _,
+                f32,
+                LANES_AVX2,
+                { MR_DIV_N * LANES_AVX2 },
+                NR,
+                MR_DIV_N,
+                H_M,
+                H_N,
+            >(
+                simd,
+                m,
+                n,
+                self.k,
+                dst,
+                dst_cs,
+                dst_rs,
+                self.read_dst,
+                lhs,
+                lhs_cs,
+                lhs_rs,
+                rhs,
+                rhs_cs,
+                rhs_rs,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                |a, b, c| a * b + c,
+                &UKR,
+                &H_UKR,
+                false,
+                self.parallelism,
+            );
+        }
     }
 }
 
@@ -832,9 +992,8 @@ mod tests {
         assert_eq!(bits(other), bits(t(base, [2, 3, 5, 4])));
     }
 
-    /// Which of gemm's kernels (x86-64 with FMA, gemm 0.19) reduces a product
-    /// of shape `m x k @ k x n`, for `m, n >= 2`: the one-row and one-column
-    /// kernels (`m == 1` or `n == 1`) are not modelled here.
+    /// Which of gemm's kernels (x86-64 with FMA, gemm 0.19, at AVX2's width)
+    /// reduces a product of shape `m x k @ k x n`.
     #[derive(Clone, Copy)]
     enum Path {
         /// The packed kernel: one FMA chain along `k` from zero, added to the
@@ -846,6 +1005,44 @@ mod tests {
         /// FMA chains (term `p` on lane `p % 8`), folded as
         /// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, added to the output.
         Horizontal,
+        /// Row-major lhs, column-major rhs, one row or one column and more
+        /// than 256 outputs (the matrix-vector kernel): eight accumulators
+        /// of eight lanes over blocks of 64 terms, added pairwise, then
+        /// whole blocks of 8 terms into the one left, its lanes added in
+        /// order, the last terms chained on; `out + sum` after the first slice.
+        RowVector,
+    }
+
+    /// [`Path::RowVector`]'s dot product of one slice.
+    fn row_vector_dot(terms: &[(f32, f32)]) -> f32 {
+        let k = terms.len();
+        let mut acc = [[0.0f32; 8]; 8];
+        let mut depth = 0;
+        while depth < k / 64 * 64 {
+            for (u, lanes) in acc.iter_mut().enumerate() {
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    let (x, y) = terms[depth + u * 8 + l];
+                    *lane = x.mul_add(y, *lane);
+                }
+            }
+            depth += 64;
+        }
+        let add = |a: [f32; 8], b: [f32; 8]| std::array::from_fn::<f32, 8, _>(|l| a[l] + b[l]);
+        let (a01, a23) = (add(acc[0], acc[1]), add(acc[2], acc[3]));
+        let (a45, a67) = (add(acc[4], acc[5]), add(acc[6], acc[7]));
+        let mut lanes = add(add(a01, a23), add(a45, a67));
+        while depth < k / 8 * 8 {
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                let (x, y) = terms[depth + l];
+                *lane = x.mul_add(y, *lane);
+            }
+            depth += 8;
+        }
+        let mut total = lanes[1..].iter().fold(lanes[0], |acc, &l| acc + l);
+        for &(x, y) in &terms[depth..] {
+            total = x.mul_add(y, total);
+        }
+        total
     }
 
     /// The reference for [`Path`]: each output element reduced by the
@@ -874,6 +1071,15 @@ mod tests {
                                 chain
                             } else {
                                 total + chain
+                            }
+                        }
+                        Path::RowVector => {
+                            let terms: Vec<(f32, f32)> = slice.map(term).collect();
+                            let dot = row_vector_dot(&terms);
+                            if start == 0 {
+                                dot
+                            } else {
+                                dot + total
                             }
                         }
                         Path::Horizontal => {
@@ -938,6 +1144,25 @@ mod tests {
             } else {
                 packed
             };
+            prop_assert_eq!(bits(got), want);
+        }
+
+        /// One row or one column (`x @ w^T`, as in decoding one sequence):
+        /// gemm's eight-lane kernels on every CPU with AVX2, also where gemm
+        /// would pick its sixteen-lane AVX-512 ones.
+        #[test]
+        fn a_row_or_column_product_is_the_eight_lane_reference(
+            long in 2usize..600,
+            k in prop_oneof![1usize..200, 500usize..1100],
+            row in proptest::bool::ANY,
+            seed in 0u64..1000
+        ) {
+            let (m, n) = if row { (1, long) } else { (long, 1) };
+            let (a, b) = (seeded(&[m, k], seed), seeded(&[k, n], seed + 1));
+            let bits_of = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            let path = if m * n <= 256 { Path::Horizontal } else { Path::RowVector };
+            let want = bits_of(reference_on(path, &a, &b, m, k, n));
+            let got = crate::matmul(t(a, [m, k]), column_major(b, k, n));
             prop_assert_eq!(bits(got), want);
         }
     }
