@@ -21,8 +21,9 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         struct Matmul;
 
         impl<B: ModelBackend> Backward<B, 2> for Matmul {
-            /// The right operand when the left needs a gradient, and the reverse.
-            type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>);
+            /// The left operand when the right needs a gradient, the right
+            /// when the left does, and whether the right is a transposed view.
+            type State = (Option<FloatTensor<B>>, Option<FloatTensor<B>>, bool);
 
             fn backward(
                 self,
@@ -30,7 +31,7 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
                 grads: &mut Gradients,
                 _: &mut Checkpointer,
             ) {
-                let (lhs, rhs) = ops.state;
+                let (lhs, rhs, rhs_transposed) = ops.state;
                 binary::<B, _, _>(
                     ops.parents,
                     ops.node,
@@ -42,9 +43,10 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
                         )
                     },
                     |grad| {
-                        B::matmul(
-                            B::float_transpose(lhs.expect("lhs kept for rhs grad")),
+                        B::matmul_rhs_grad(
+                            lhs.expect("lhs kept for rhs grad"),
                             grad,
+                            rhs_transposed,
                         )
                     },
                 );
@@ -61,6 +63,7 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
                 let state = (
                     rhs_tracked.then(|| lhs.primitive.clone()),
                     lhs_tracked.then(|| rhs.primitive.clone()),
+                    B::is_transposed(&rhs.primitive),
                 );
                 prep.finish(state, B::matmul(lhs.primitive, rhs.primitive))
             }

@@ -79,6 +79,33 @@ impl ModelBackend for Flex {
         matmul(&f32_tensor(lhs), &f32_tensor(rhs))
     }
 
+    fn is_transposed(x: &FloatTensor<Self>) -> bool {
+        let layout = x.layout();
+        let (shape, strides) = (layout.shape(), layout.strides());
+        let rank = shape.len();
+        rank >= 2 && shape[rank - 2] > 1 && shape[rank - 1] > 1 && strides[rank - 2] == 1
+    }
+
+    /// `(gradᵀ @ lhs)ᵀ` for a transposed right operand where neither order
+    /// is lane-split: every output is then one chain of multiply-adds over
+    /// the same `k` in the same order, with each product's factors swapped,
+    /// so the bits are those of `lhsᵀ @ grad`.
+    fn matmul_rhs_grad(
+        lhs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        rhs_transposed: bool,
+    ) -> FloatTensor<Self> {
+        let (lhs, grad) = (f32_tensor(lhs), f32_tensor(grad));
+        let lhs_t = Self::float_transpose(lhs.clone());
+        if rhs_transposed {
+            let grad_t = Self::float_transpose(grad.clone());
+            if !lane_split(&lhs_t, &grad) && !lane_split(&grad_t, &lhs) {
+                return Self::float_transpose(matmul(&grad_t, &lhs));
+            }
+        }
+        matmul(&lhs_t, &grad)
+    }
+
     fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self> {
         let (x, shape) = contiguous(x);
         let gamma = contiguous(gamma).0;
@@ -254,8 +281,10 @@ impl ModelBackend for Flex {
         let mut out = vec![0.0; y.len()];
         for_row_pairs(&y, &grad, &mut out, d, |y, grad, out| {
             let total = sum(grad);
-            for ((o, &l), &g) in out.iter_mut().zip(y).zip(grad) {
-                *o = g - libm::expf(l) * total;
+            out.copy_from_slice(y);
+            libm_exp_in_place(out);
+            for (o, &g) in out.iter_mut().zip(grad) {
+                *o = g - *o * total;
             }
         });
         tensor(out, shape)
@@ -303,8 +332,9 @@ impl ModelBackend for Flex {
                     }
                     let max = row_max(scores);
                     for s in scores.iter_mut() {
-                        *s = libm::expf(*s - max);
+                        *s -= max;
                     }
+                    libm_exp_in_place(scores);
                     let total = sum(scores);
                     out.fill(0.0);
                     for (j, &e) in scores.iter().enumerate() {
@@ -348,14 +378,22 @@ impl ModelBackend for Flex {
             .for_each(|(bh, ((dq, dk), dv))| {
                 let k = &k[bh * keys * d..][..keys * d];
                 let v = &v[bh * keys * d..][..keys * d];
+                let mut probabilities = vec![0.0f32; keys];
                 for (r, dq) in dq.chunks_mut(d).enumerate() {
                     let row = bh * rows + r;
                     let (query, g) = (&q[row * d..][..d], &grad[row * d..][..d]);
                     // Σ_j p_j dp_j = g · out.
                     let rowsum = dot(g, &out[row * d..][..d]);
-                    for j in mask.keys(bh / heads, mask.column(r)) {
+                    let seen = mask.keys(bh / heads, mask.column(r));
+                    let lo = *seen.start();
+                    let probabilities = &mut probabilities[..seen.clone().count()];
+                    for (j, p) in seen.clone().zip(probabilities.iter_mut()) {
+                        *p = dot(query, &k[j * d..][..d]) - lse[row];
+                    }
+                    libm_exp_in_place(probabilities);
+                    for j in seen {
                         let (key, value) = (&k[j * d..][..d], &v[j * d..][..d]);
-                        let p = libm::expf(dot(query, key) - lse[row]);
+                        let p = probabilities[j - lo];
                         axpy(&mut dv[j * d..][..d], p, g);
                         let ds = p * (dot(g, value) - rowsum);
                         axpy(dq, ds, key);
@@ -693,6 +731,25 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     let out =
         unsafe { Vec::from_raw_parts(out.as_mut_ptr().cast::<f32>(), out.len(), out.capacity()) };
     tensor(out, Shape::from(out_shape))
+}
+
+/// Whether [`matmul`] runs `lhs @ rhs` through a lane-split gemm kernel
+/// ([`GemmCall::lane_split`]), whose bits depend on the operands' layout.
+fn lane_split(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
+    let (ll, rl) = (lhs.layout(), rhs.layout());
+    let rank = ll.shape().len();
+    GemmCall {
+        m: ll.shape()[rank - 2],
+        n: rl.shape()[rank - 1],
+        k: ll.shape()[rank - 1],
+        read_dst: false,
+        lhs_cs: ll.strides()[rank - 1],
+        lhs_rs: ll.strides()[rank - 2],
+        rhs_cs: rl.strides()[rank - 1],
+        rhs_rs: rl.strides()[rank - 2],
+        parallelism: gemm::Parallelism::None,
+    }
+    .lane_split()
 }
 
 /// A strided f32 matrix view: the data, the offset of element `[0, .., 0]`,
@@ -1145,6 +1202,33 @@ mod tests {
                 packed
             };
             prop_assert_eq!(bits(got), want);
+        }
+
+        /// The gradient of `x @ Wᵀ` for `Wᵀ`, computed in `Wᵀ`'s own layout
+        /// (`(gradᵀ @ x)ᵀ`), has the bits of `xᵀ @ grad`, and reaches `W`
+        /// contiguous where that order is taken (not lane-split).
+        #[test]
+        fn a_transposed_operands_gradient_keeps_its_bits(
+            rows in prop_oneof![1usize..80, 500usize..1100],
+            d_in in 1usize..40,
+            d_out in 1usize..40,
+            seed in 0u64..1000
+        ) {
+            let x = t(seeded(&[rows, d_in], seed), [rows, d_in]).into_primitive().tensor();
+            let g = t(seeded(&[rows, d_out], seed + 1), [rows, d_out]).into_primitive().tensor();
+            let w_t = column_major(seeded(&[d_in, d_out], seed + 2), d_in, d_out)
+                .into_primitive()
+                .tensor();
+            prop_assert_eq!(B::is_transposed(&w_t), d_in > 1 && d_out > 1);
+            let want = B::matmul(B::float_transpose(x.clone()), g.clone());
+            let got = B::matmul_rhs_grad(x, g, B::is_transposed(&w_t));
+            let as_tensor =
+                |p| Tensor::<B, 2>::from_primitive(burn::tensor::TensorPrimitive::Float(p));
+            let w_grad = B::float_transpose(got.clone());
+            if d_in * d_out > 256 {
+                prop_assert_eq!(w_grad.layout().strides(), &[d_in as isize, 1][..]);
+            }
+            prop_assert_eq!(bits(as_tensor(got)), bits(as_tensor(want)));
         }
 
         /// One row or one column (`x @ w^T`, as in decoding one sequence):

@@ -54,6 +54,29 @@ pub trait ModelBackend: Backend {
         Self::float_matmul(lhs, rhs)
     }
 
+    /// Whether `x` is a transposed view of a matrix (its last dimension
+    /// strided, the one before it contiguous), as `W` is in `x @ Wᵀ`.
+    /// Backends whose tensors have no layout of their own say `false`.
+    fn is_transposed(x: &FloatTensor<Self>) -> bool {
+        let _ = x;
+        false
+    }
+
+    /// `lhsᵀ @ grad`, the gradient of [`matmul`](ModelBackend::matmul)'s
+    /// right operand. Where that operand `is_transposed`, the backend may
+    /// compute it as `(gradᵀ @ lhs)ᵀ`, in the operand's own layout, when that
+    /// gives the same bits: the gradient of a weight used as `Wᵀ` then comes
+    /// back to `W` contiguous, and the optimiser's element-wise passes read
+    /// it in order rather than through strides.
+    fn matmul_rhs_grad(
+        lhs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        rhs_transposed: bool,
+    ) -> FloatTensor<Self> {
+        let _ = rhs_transposed;
+        Self::matmul(Self::float_transpose(lhs), grad)
+    }
+
     /// `x / sqrt(mean(x², last dim) + epsilon) * gamma`, `gamma` of the last
     /// dimension's size.
     fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self> {
