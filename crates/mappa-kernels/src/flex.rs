@@ -41,6 +41,7 @@ use std::mem::MaybeUninit;
 use crate::expf::{libm_exp_in_place, sigmoid_into};
 
 mod copy;
+mod narrow;
 use crate::{CausalMask, ModelBackend};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
@@ -687,6 +688,27 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     if m == 0 || n == 0 || k == 0 {
         return tensor(vec![0.0f32; batches * m * n], Shape::from(out_shape));
     }
+    if batches == 1
+        && n <= narrow::MAX_COLUMNS
+        && ll.strides()[rank - 1] == 1
+        && ll.strides()[rank - 2] >= 0
+        && !lane_split(lhs, rhs)
+        && narrow::available()
+    {
+        // A weight matrix times a few token columns (`W xᵀ`, decoding).
+        let (lhs_data, rhs_data) = (lhs.storage::<f32>(), rhs.storage::<f32>());
+        let (rs, cs) = (rl.strides()[rank - 2], rl.strides()[rank - 1]);
+        let rhs_start = rl.start_offset() as isize;
+        let out = narrow::matmul(
+            m,
+            n,
+            k,
+            &lhs_data[ll.start_offset()..],
+            ll.strides()[rank - 2] as usize,
+            |p, j| rhs_data[(rhs_start + p as isize * rs + j as isize * cs) as usize],
+        );
+        return tensor(out, Shape::from(out_shape));
+    }
     // Not zeroed: gemm's first call (`k` from 0) writes every element of
     // `out` without reading it, and later calls add to it.
     let mut out: Vec<MaybeUninit<f32>> = Vec::with_capacity(batches * m * n);
@@ -1067,6 +1089,7 @@ mod tests {
         /// of eight lanes over blocks of 64 terms, added pairwise, then
         /// whole blocks of 8 terms into the one left, its lanes added in
         /// order, the last terms chained on; `out + sum` after the first slice.
+        /// A slice of at most two terms goes to `gevv`, as for `Packed`.
         RowVector,
     }
 
@@ -1114,7 +1137,7 @@ mod tests {
                 for start in (0..k).step_by(GEMM_MAX_K) {
                     let slice = start..k.min(start + GEMM_MAX_K);
                     total = match path {
-                        Path::Packed if slice.len() <= 2 => {
+                        Path::Packed | Path::RowVector if slice.len() <= 2 => {
                             let mut terms = slice.map(|p| term(p).0 * term(p).1);
                             let first = terms.next().expect("a slice is never empty");
                             let acc = if start == 0 { first } else { first + total };
@@ -1202,6 +1225,35 @@ mod tests {
                 packed
             };
             prop_assert_eq!(bits(got), want);
+        }
+
+        /// At most eight output columns (`W xᵀ` in decoding): the narrow
+        /// kernel, where it runs, has the bits of gemm's packed kernels.
+        #[test]
+        fn a_narrow_product_is_the_fma_chain_reference(
+            m in prop_oneof![2usize..20, 200usize..300],
+            k in prop_oneof![3usize..600, 511usize..516, 1024usize..1027],
+            n in 1usize..=8,
+            seed in 0u64..1000
+        ) {
+            let (a, b) = (seeded(&[m, k], seed), seeded(&[k, n], seed + 1));
+            let bits_of = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            let packed = bits_of(reference_on(Path::Packed, &a, &b, m, k, n));
+            // `xᵀ` read through a view, as decoding reads it: gemm's
+            // lane-split kernels where they apply, else the narrow kernel.
+            let path = if m * n <= 256 {
+                Path::Horizontal
+            } else if n == 1 {
+                Path::RowVector
+            } else {
+                Path::Packed
+            };
+            let want = bits_of(reference_on(path, &a, &b, m, k, n));
+            let got = crate::matmul(t(a.clone(), [m, k]), column_major(b.clone(), k, n));
+            prop_assert_eq!(bits(got), want.clone());
+            // A row-major `rhs` (one column is laid out as a column-major one).
+            let got = crate::matmul(t(a, [m, k]), t(b, [k, n]));
+            prop_assert_eq!(bits(got), if n == 1 { want } else { packed });
         }
 
         /// The gradient of `x @ Wᵀ` for `Wᵀ`, computed in `Wᵀ`'s own layout
