@@ -12,8 +12,9 @@
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::prelude::*;
+use mappa_train::optim::FusedAdamW;
 
 use mappa_core::RngStream;
 use mappa_model::kernels;
@@ -156,11 +157,13 @@ pub fn forward<B: ModelBackend>(model: &Transformer<B>, tokens: &Tensor<B, 2, In
         .elem()
 }
 
-/// A model and its Adam optimiser (betas 0.9, 0.95, no weight decay).
+/// A model and its Adam optimiser (betas 0.9, 0.95, no weight decay): the
+/// optimiser mappa trains with ([`FusedAdamW`]), whose update without weight
+/// decay is Adam's.
 pub struct Trainer<B: AutodiffModelBackend> {
     /// The model being trained.
     pub model: Transformer<B>,
-    optim: OptimizerAdaptor<Adam, Transformer<B>, B>,
+    optim: OptimizerAdaptor<FusedAdamW, Transformer<B>, B>,
 }
 
 impl<B: AutodiffModelBackend> Trainer<B> {
@@ -171,11 +174,13 @@ impl<B: AutodiffModelBackend> Trainer<B> {
 
     /// A trainer for `model` (e.g. a loaded checkpoint).
     pub fn from_model(model: Transformer<B>) -> Self {
-        let optim = AdamConfig::new()
-            .with_beta_1(0.9)
-            .with_beta_2(0.95)
-            .with_epsilon(1e-8)
-            .init();
+        let optim = FusedAdamW {
+            beta_1: 0.9,
+            beta_2: 0.95,
+            epsilon: 1e-8,
+            weight_decay: 0.0,
+        }
+        .init();
         Self { model, optim }
     }
 

@@ -42,7 +42,7 @@ use crate::expf::{libm_exp_in_place, sigmoid_into};
 
 mod copy;
 mod narrow;
-use crate::{CausalMask, ModelBackend};
+use crate::{AdamWStep, CausalMask, ModelBackend};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
 /// is at least 512 on every CPU, so a call with `k <= 512` is never split.
@@ -78,6 +78,39 @@ impl ModelBackend for Flex {
 
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         matmul(&f32_tensor(lhs), &f32_tensor(rhs))
+    }
+
+    fn adamw_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+        step: &AdamWStep,
+    ) -> [FloatTensor<Self>; 3] {
+        let (param, shape) = contiguous(param);
+        let (grad, _) = contiguous(grad);
+        let moments = moments.map(|(m, v)| (contiguous(m).0, contiguous(v).0));
+        let n = param.len();
+        let scalars = AdamWScalars::of(step);
+        let (mut new_param, mut m_out, mut v_out) =
+            (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
+        new_param
+            .par_chunks_mut(ELEMENTS_PER_TASK)
+            .zip(m_out.par_chunks_mut(ELEMENTS_PER_TASK))
+            .zip(v_out.par_chunks_mut(ELEMENTS_PER_TASK))
+            .enumerate()
+            .for_each(|(task, ((w_out, m_out), v_out))| {
+                let range = task * ELEMENTS_PER_TASK..task * ELEMENTS_PER_TASK + w_out.len();
+                let moments = moments
+                    .as_ref()
+                    .map(|(m, v)| (&m[range.clone()], &v[range.clone()]));
+                let outs = (w_out, m_out, v_out);
+                scalars.update(outs, &param[range.clone()], &grad[range], moments);
+            });
+        [
+            tensor(new_param, shape.clone()),
+            tensor(m_out, shape.clone()),
+            tensor(v_out, shape),
+        ]
     }
 
     fn is_transposed(x: &FloatTensor<Self>) -> bool {
@@ -753,6 +786,111 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     let out =
         unsafe { Vec::from_raw_parts(out.as_mut_ptr().cast::<f32>(), out.len(), out.capacity()) };
     tensor(out, Shape::from(out_shape))
+}
+
+/// The scalars of one AdamW update as burn's operations use them (each
+/// scalar operation takes its scalar as f32).
+#[derive(Debug, Clone, Copy)]
+struct AdamWScalars {
+    beta_1: f32,
+    beta_2: f32,
+    factor_1: f32,
+    factor_2: f32,
+    correction_1: f32,
+    correction_2: f32,
+    epsilon: f32,
+    /// `1 - lr * weight_decay`, or `None` without decay.
+    keep: Option<f32>,
+    lr: f32,
+}
+
+/// The new parameter, first and second moment of a chunk of elements.
+type AdamWOut<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
+
+impl AdamWScalars {
+    fn of(step: &AdamWStep) -> Self {
+        let [correction_1, correction_2] = step.corrections();
+        let decay_rate = step.decay_rate();
+        Self {
+            beta_1: step.beta_1,
+            beta_2: step.beta_2,
+            factor_1: 1.0 - step.beta_1,
+            factor_2: 1.0 - step.beta_2,
+            correction_1,
+            correction_2,
+            epsilon: step.epsilon,
+            keep: (decay_rate != 0.0).then_some((1.0 - decay_rate) as f32),
+            lr: step.lr as f32,
+        }
+    }
+
+    /// One chunk, vectorised with AVX2 where the CPU has it (the
+    /// operations are IEEE's, correctly rounded at any width).
+    fn update(
+        &self,
+        out: AdamWOut,
+        param: &[f32],
+        grad: &[f32],
+        moments: Option<(&[f32], &[f32])>,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present.
+            unsafe { self.update_avx2(out, param, grad, moments) };
+            return;
+        }
+        self.update_any(out, param, grad, moments);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn update_avx2(
+        &self,
+        out: AdamWOut,
+        param: &[f32],
+        grad: &[f32],
+        moments: Option<(&[f32], &[f32])>,
+    ) {
+        self.update_any(out, param, grad, moments);
+    }
+
+    /// Each operation rounds to f32, as burn's separate passes do (Rust
+    /// never fuses a multiply and an add).
+    #[inline(always)]
+    fn update_any(
+        &self,
+        (w_out, m_out, v_out): AdamWOut,
+        param: &[f32],
+        grad: &[f32],
+        moments: Option<(&[f32], &[f32])>,
+    ) {
+        let tail = |w: f32, m: f32, v: f32| {
+            let delta = (m / self.correction_1) / ((v / self.correction_2).sqrt() + self.epsilon);
+            let w = match self.keep {
+                Some(keep) => w * keep,
+                None => w,
+            };
+            w - delta * self.lr
+        };
+        let outs = w_out.iter_mut().zip(m_out.iter_mut()).zip(v_out.iter_mut());
+        match moments {
+            Some((m0, v0)) => {
+                for ((((w_o, m_o), v_o), (&w, &g)), (&m, &v)) in
+                    outs.zip(param.iter().zip(grad)).zip(m0.iter().zip(v0))
+                {
+                    let m = m * self.beta_1 + g * self.factor_1;
+                    let v = v * self.beta_2 + (g * g) * self.factor_2;
+                    (*w_o, *m_o, *v_o) = (tail(w, m, v), m, v);
+                }
+            }
+            None => {
+                for (((w_o, m_o), v_o), (&w, &g)) in outs.zip(param.iter().zip(grad)) {
+                    let (m, v) = (g * self.factor_1, (g * g) * self.factor_2);
+                    (*w_o, *m_o, *v_o) = (tail(w, m, v), m, v);
+                }
+            }
+        }
+    }
 }
 
 /// Whether [`matmul`] runs `lhs @ rhs` through a lane-split gemm kernel

@@ -245,6 +245,55 @@ pub trait ModelBackend: Backend {
         Self::float_sum(x)
     }
 
+    /// One AdamW update of `param` given its gradient `grad` and the moments
+    /// before it (`None` at the first update), with the arithmetic of
+    /// burn's `AdamW` (no AMSGrad, plain decoupled weight decay) term by
+    /// term; returns the parameter and the two moments after it. Any shape,
+    /// all four alike. The CPU backend fuses it into one pass.
+    fn adamw_step(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moments: Option<(FloatTensor<Self>, FloatTensor<Self>)>,
+        step: &AdamWStep,
+    ) -> [FloatTensor<Self>; 3] {
+        let (factor_1, factor_2) = (1.0 - step.beta_1, 1.0 - step.beta_2);
+        let grad = float::<Self, 1>(grad);
+        let (moment_1, moment_2) = match moments {
+            Some((m, v)) => (
+                float::<Self, 1>(m)
+                    .mul_scalar(step.beta_1)
+                    .add(grad.clone().mul_scalar(factor_1)),
+                float::<Self, 1>(v)
+                    .mul_scalar(step.beta_2)
+                    .add(grad.square().mul_scalar(factor_2)),
+            ),
+            None => (
+                grad.clone().mul_scalar(factor_1),
+                grad.square().mul_scalar(factor_2),
+            ),
+        };
+        let [correction_1, correction_2] = step.corrections();
+        let delta = moment_1.clone().div_scalar(correction_1).div(
+            moment_2
+                .clone()
+                .div_scalar(correction_2)
+                .sqrt()
+                .add_scalar(step.epsilon),
+        );
+        let param = float::<Self, 1>(param);
+        let decay_rate = step.decay_rate();
+        let decayed = if decay_rate == 0.0 {
+            param
+        } else {
+            param.mul_scalar(1.0 - decay_rate)
+        };
+        [
+            primitive(decayed - delta.mul_scalar(step.lr)),
+            primitive(moment_1),
+            primitive(moment_2),
+        ]
+    }
+
     /// `tensor[ranges] = value` (burn's `slice_assign`, one range per
     /// dimension), reusing `tensor`'s buffer when nothing else holds it: a
     /// KV cache appends a column without copying the whole cache.
@@ -269,6 +318,52 @@ pub fn write_slice<B: ModelBackend, const D: usize>(
     value: Tensor<B, D>,
 ) -> Tensor<B, D> {
     float(B::write_slice(primitive(tensor), &ranges, primitive(value)))
+}
+
+/// The settings of one AdamW update ([`ModelBackend::adamw_step`]), as
+/// burn's `AdamWConfig` names them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWStep {
+    /// Decay of the first moment.
+    pub beta_1: f32,
+    /// Decay of the second moment.
+    pub beta_2: f32,
+    /// Added to the second moment's square root.
+    pub epsilon: f32,
+    /// Decoupled weight decay (scaled by the learning rate).
+    pub weight_decay: f32,
+    /// The learning rate.
+    pub lr: f64,
+    /// The update's number, from 1 (bias correction).
+    pub time: usize,
+}
+
+impl AdamWStep {
+    /// The bias corrections `1 - beta^time` of the two moments, in f32 as
+    /// burn computes them.
+    pub fn corrections(&self) -> [f32; 2] {
+        let time = self.time as i32;
+        [1f32 - self.beta_1.powi(time), 1f32 - self.beta_2.powi(time)]
+    }
+
+    /// `lr * weight_decay`, the parameter's decay this update.
+    pub fn decay_rate(&self) -> f64 {
+        self.lr * self.weight_decay as f64
+    }
+}
+
+/// One AdamW update ([`ModelBackend::adamw_step`]): the parameter and the
+/// two moments after it.
+pub fn adamw_step<B: ModelBackend, const D: usize>(
+    param: Tensor<B, D>,
+    grad: Tensor<B, D>,
+    moments: Option<(Tensor<B, D>, Tensor<B, D>)>,
+    step: &AdamWStep,
+) -> [Tensor<B, D>; 3] {
+    let shape = param.shape();
+    let moments = moments.map(|(m, v)| (primitive(m), primitive(v)));
+    B::adamw_step(primitive(param), primitive(grad), moments, step)
+        .map(|x| float::<B, D>(x).reshape(shape.clone()))
 }
 
 /// A training backend: automatic differentiation over a [`ModelBackend`],

@@ -6,7 +6,7 @@
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{AdamW, AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::prelude::*;
 use mappa_core::stats::mean_population_std;
 use mappa_model::AutodiffModelBackend;
@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::TrainConfig;
 use crate::data_parallel::{check_devices, parallel_gradients};
 use crate::loss::{ppo_clip_loss, LossConfig, LossInputs};
+use crate::optim::FusedAdamW;
 use crate::params::clip_global_grad_norm;
 use crate::schedule::learning_rate;
 use crate::TrainError;
@@ -80,7 +81,7 @@ pub struct AgentLearner<B: AutodiffModelBackend> {
     name: String,
     policy: Transformer<B>,
     reference: Transformer<B::InnerBackend>,
-    optimizer: OptimizerAdaptor<AdamW, Transformer<B>, B>,
+    optimizer: OptimizerAdaptor<FusedAdamW, Transformer<B>, B>,
     config: TrainConfig,
     step: usize,
     base_model: String,
@@ -111,12 +112,13 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             Some(_) => policy.valid().without_adapters(),
             None => policy.valid(),
         };
-        let optimizer = AdamWConfig::new()
-            .with_beta_1(config.beta1 as f32)
-            .with_beta_2(config.beta2 as f32)
-            .with_epsilon(config.epsilon as f32)
-            .with_weight_decay(config.weight_decay as f32)
-            .init();
+        let optimizer = FusedAdamW {
+            beta_1: config.beta1 as f32,
+            beta_2: config.beta2 as f32,
+            epsilon: config.epsilon as f32,
+            weight_decay: config.weight_decay as f32,
+        }
+        .init();
         Ok(Self {
             name,
             policy,
@@ -179,13 +181,13 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         &mut self,
     ) -> (
         &mut Transformer<B>,
-        &mut OptimizerAdaptor<AdamW, Transformer<B>, B>,
+        &mut OptimizerAdaptor<FusedAdamW, Transformer<B>, B>,
         &mut usize,
     ) {
         (&mut self.policy, &mut self.optimizer, &mut self.step)
     }
 
-    pub(crate) fn optimizer(&self) -> &OptimizerAdaptor<AdamW, Transformer<B>, B> {
+    pub(crate) fn optimizer(&self) -> &OptimizerAdaptor<FusedAdamW, Transformer<B>, B> {
         &self.optimizer
     }
 

@@ -17,6 +17,8 @@
 //! - [`manifest`]: experiment manifests, their resolution and lock file.
 //! - [`run`]: the training loop of a manifest, with evaluation, metrics,
 //!   checkpoints and exact resume.
+//! - [`optim`]: AdamW as burn computes it, one fused pass per parameter on
+//!   the CPU backend.
 //! - [`sft`]: supervised fine-tuning on demonstrations (warm starts).
 //! - [`warm_start`]: scripted-teacher demonstrations and SFT before RL, cached.
 //! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
@@ -37,6 +39,7 @@ pub mod loss;
 pub mod machine;
 pub mod manifest;
 pub mod memory;
+pub mod optim;
 pub mod params;
 pub mod policy;
 pub mod progress;

@@ -3,7 +3,7 @@
 //! tokens given their prompts, with AdamW, a constant learning rate,
 //! global gradient-norm clipping and a seeded shuffle per epoch.
 
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::{GradientsParams, Optimizer};
 use burn::prelude::*;
 use mappa_core::rng::SeedTree;
 use mappa_model::kernels;
@@ -14,6 +14,7 @@ use mappa_model::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::optim::FusedAdamW;
 use crate::params::clip_global_grad_norm;
 use crate::TrainError;
 
@@ -69,9 +70,12 @@ pub fn supervised_finetune<B: AutodiffModelBackend>(
             "sft: demonstration {i} has an empty prompt or completion"
         )));
     }
-    let mut optimizer = AdamWConfig::new()
-        .with_weight_decay(0.0)
-        .init::<B, Transformer<B>>();
+    // burn's `AdamWConfig` defaults, without weight decay.
+    let mut optimizer = FusedAdamW {
+        weight_decay: 0.0,
+        ..FusedAdamW::default()
+    }
+    .init::<B, Transformer<B>>();
     let seeds = SeedTree::new(config.seed);
     let mut losses = Vec::with_capacity(config.epochs);
     for epoch in 0..config.epochs {
