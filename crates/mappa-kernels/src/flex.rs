@@ -17,7 +17,14 @@
 //!   sixteen with AVX-512) do not, so those calls run gemm's AVX2 kernels
 //!   on every CPU ([`GemmCall`]). A product is therefore bit-identical on
 //!   every x86-64 CPU with AVX2 and FMA, whatever the thread count: threads
-//!   split rows and columns, never a sum.
+//!   split rows and columns, never a sum. Products with at most eight
+//!   output columns that gemm would pack (`W xᵀ` in decoding) run a kernel
+//!   of their own with the packed kernels' bits (`narrow.rs`), and a
+//!   transposed weight's gradient is computed in the weight's own layout
+//!   where that is the same packed product with its factors swapped
+//!   ([`ModelBackend::matmul_rhs_grad`]).
+//! - **AdamW** runs as one pass per parameter, with burn's operations'
+//!   arithmetic one by one ([`ModelBackend::adamw_step`]).
 //! - **Sums** (RMSNorm, softmax, log-softmax, full sums) keep [`LANES`]
 //!   partial sums in plain Rust arrays and add them in a fixed tree, so the
 //!   compiler may vectorise them at any width without changing a bit, and
