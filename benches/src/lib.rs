@@ -188,12 +188,22 @@ impl<B: AutodiffModelBackend> Trainer<B> {
     pub fn step(&mut self, tokens: &Tensor<B, 2, Int>) -> f32 {
         let [b, s] = tokens.dims();
         let logits = self.model.forward(tokens.clone());
-        let v = logits.dims()[2];
-        let predictions = logits.slice([0..b, 0..s - 1, 0..v]);
-        let targets = tokens.clone().slice([0..b, 1..s]);
-        let picked = kernels::log_softmax(predictions)
-            .gather(2, targets.unsqueeze_dim::<3>(2))
-            .squeeze_dim::<2>(2);
+        // Every position's next token, the last position's a placeholder
+        // weighted 0 (as HF's loss pads its labels with an ignored index):
+        // the logits go to the loss whole, without a sliced copy.
+        let device = tokens.device();
+        let targets = Tensor::cat(
+            vec![
+                tokens.clone().slice([0..b, 1..s]),
+                Tensor::zeros([b, 1], &device),
+            ],
+            1,
+        );
+        let weights: Vec<f32> = (0..b * s)
+            .map(|i| if i % s == s - 1 { 0.0 } else { 1.0 })
+            .collect();
+        let weights = Tensor::<B, 2>::from_data(TensorData::new(weights, [b, s]), &device);
+        let picked = kernels::token_log_probs(logits, targets) * weights;
         let loss = -kernels::sum(picked) / (b * (s - 1)) as f64;
         let value: f32 = loss.clone().into_scalar().elem();
         let grads = GradientsParams::from_grads(loss.backward(), &self.model);

@@ -8,7 +8,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{binary, unary, Backward, Ops, OpsKind};
 use burn::backend::Autodiff;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
 use burn::tensor::{Shape, TensorMetadata};
 
 use super::{CausalMask, ModelBackend};
@@ -233,6 +233,41 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
                 v.primitive,
                 mask,
             )),
+        }
+    }
+
+    fn token_log_probs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct TokenLogProbs;
+
+        impl<B: ModelBackend> Backward<B, 1> for TokenLogProbs {
+            /// The logits, the targets and the rows' log-sum-exp.
+            type State = (FloatTensor<B>, IntTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (logits, targets, lse) = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::token_log_probs_backward(logits, targets, lse, grad)
+                });
+            }
+        }
+
+        match TokenLogProbs
+            .prepare::<C>([logits.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (picked, lse) =
+                    B::token_log_probs_with_lse(logits.primitive.clone(), targets.clone());
+                prep.finish((logits.primitive, targets, lse), picked)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::token_log_probs(logits.primitive, targets)),
         }
     }
 

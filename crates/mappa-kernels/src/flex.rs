@@ -23,6 +23,9 @@
 //!   transposed weight's gradient is computed in the weight's own layout
 //!   where that is the same packed product with its factors swapped
 //!   ([`ModelBackend::matmul_rhs_grad`]).
+//! - **Token log-probabilities** (the cross-entropy over the logits) read
+//!   each row of logits once and keep one log-sum-exp per row, with the
+//!   bits of a log-softmax followed by a gather (`token.rs`).
 //! - **AdamW** runs as one pass per parameter, with burn's operations'
 //!   arithmetic one by one ([`ModelBackend::adamw_step`]).
 //! - **Sums** (RMSNorm, softmax, log-softmax, full sums) keep [`LANES`]
@@ -40,7 +43,7 @@
 //! from start to end, so the thread count changes nothing.
 
 use burn::backend::flex::{Flex, FlexTensor, Layout};
-use burn::tensor::ops::{FloatTensor, FloatTensorOps};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
 use burn::tensor::{Bytes, DType, FloatDType, Shape, TensorMetadata};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -49,6 +52,7 @@ use crate::expf::{libm_exp_in_place, sigmoid_into};
 
 mod copy;
 mod narrow;
+mod token;
 use crate::{AdamWStep, CausalMask, ModelBackend};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
@@ -329,6 +333,22 @@ impl ModelBackend for Flex {
             }
         });
         tensor(out, shape)
+    }
+
+    fn token_log_probs_with_lse(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        token::forward(logits, targets)
+    }
+
+    fn token_log_probs_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        token::backward(logits, targets, lse, grad)
     }
 
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {

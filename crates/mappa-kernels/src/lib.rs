@@ -27,7 +27,8 @@ pub mod expf;
 pub mod flex;
 
 use burn::prelude::*;
-use burn::tensor::ops::FloatTensor;
+use burn::tensor::ops::{FloatTensor, IntTensor};
+use burn::tensor::IndexingUpdateOp;
 use burn::tensor::TensorPrimitive;
 
 /// The version of the kernels' summation order: raised whenever a kernel
@@ -176,6 +177,39 @@ pub trait ModelBackend: Backend {
         let (grad, _) = rows::<Self>(grad);
         let total = grad.clone().sum_dim(1);
         Self::float_reshape(primitive(grad - y.exp() * total), shape)
+    }
+
+    /// Each row's log-probability of its target, `log_softmax(logits)[target]`
+    /// over the last dimension, and each row's log-sum-exp (what the
+    /// backward pass needs instead of the log-softmax's full output), for
+    /// [`token_log_probs`]: see there for the shapes. The default is burn's
+    /// operations; the CPU backend reads each row once and keeps no
+    /// vocabulary-wide output.
+    fn token_log_probs_with_lse(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        ops_token_log_probs_with_lse::<Self>(logits, targets)
+    }
+
+    /// [`token_log_probs_with_lse`](ModelBackend::token_log_probs_with_lse)'s
+    /// log-probabilities alone.
+    fn token_log_probs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::token_log_probs_with_lse(logits, targets).0
+    }
+
+    /// The gradient of [`token_log_probs`](ModelBackend::token_log_probs)
+    /// with respect to the logits, given the rows' log-sum-exp `lse` and the
+    /// log-probabilities' gradient `grad`: in each row,
+    /// `onehot(target) * g - exp(logits - lse) * g`, what burn's autodiff
+    /// derives for a log-softmax followed by a gather.
+    fn token_log_probs_backward(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        ops_token_log_probs_backward::<Self>(logits, targets, lse, grad)
     }
 
     /// Causal attention `softmax(q k^T + mask) v` and each query row's
@@ -392,6 +426,11 @@ fn rows<B: Backend>(x: FloatTensor<B>) -> (Tensor<B, 2>, Shape) {
     (tensor, shape)
 }
 
+/// Target token ids of any shape as a `[rows, 1]` tensor for `gather`.
+fn token_targets<B: Backend>(targets: IntTensor<B>, rows: usize) -> Tensor<B, 2, Int> {
+    Tensor::<B, 1, Int>::from_primitive(targets).reshape([rows, 1])
+}
+
 fn float<B: Backend, const D: usize>(x: FloatTensor<B>) -> Tensor<B, D> {
     Tensor::from_primitive(TensorPrimitive::Float(x))
 }
@@ -452,6 +491,33 @@ pub fn softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D>
 /// Log-softmax over the last dimension.
 pub fn log_softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     float(B::log_softmax_last(primitive(x)))
+}
+
+/// Each position's log-probability of its target token,
+/// `log_softmax(logits)[.., target]`, as one operation: the log-softmax's
+/// vocabulary-wide output is never made (under autodiff the backward pass
+/// recomputes what it needs from the logits and each row's log-sum-exp).
+/// On the CPU backend the same bits as [`log_softmax`] followed by burn's
+/// `gather`, forward and backward.
+///
+/// # Shapes
+/// - `logits`: `[batch, seq, vocab]`, `targets`: `[batch, seq]` (ids below
+///   `vocab`); returns `[batch, seq]`.
+pub fn token_log_probs<B: ModelBackend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+) -> Tensor<B, 2> {
+    let ([b, s, _], t) = (logits.dims(), targets.dims());
+    assert_eq!(
+        [b, s],
+        t,
+        "token_log_probs: logits {:?} and targets {t:?} differ in their leading dimensions",
+        logits.dims()
+    );
+    float(B::token_log_probs(
+        primitive(logits),
+        targets.into_primitive(),
+    ))
 }
 
 /// `x` with its dimensions permuted (output dimension `i` is input
@@ -557,6 +623,44 @@ impl CausalMask {
 /// Query rows per block in the default attention kernels: their scores
 /// against every key are the largest tensor they hold.
 pub const ATTENTION_BLOCK_ROWS: usize = 256;
+
+/// [`ModelBackend::token_log_probs_with_lse`] by burn's operations (the
+/// trait's default, what GPU backends run).
+fn ops_token_log_probs_with_lse<B: Backend>(
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let (x, shape) = rows::<B>(logits);
+    let targets = token_targets::<B>(targets, x.dims()[0]);
+    let max = x.clone().max_dim(1);
+    let lse = max.clone() + (x.clone() - max).exp().sum_dim(1).log();
+    let picked = x.gather(1, targets) - lse.clone();
+    let leading = Shape::from(shape[..shape.len() - 1].to_vec());
+    (
+        B::float_reshape(primitive(picked), leading.clone()),
+        B::float_reshape(primitive(lse), leading),
+    )
+}
+
+/// [`ModelBackend::token_log_probs_backward`] by burn's operations (the
+/// trait's default).
+fn ops_token_log_probs_backward<B: Backend>(
+    logits: FloatTensor<B>,
+    targets: IntTensor<B>,
+    lse: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> FloatTensor<B> {
+    let (x, shape) = rows::<B>(logits);
+    let n = x.dims()[0];
+    let targets = token_targets::<B>(targets, n);
+    let lse = float::<B, 1>(lse).reshape([n, 1]);
+    let grad = float::<B, 1>(grad).reshape([n, 1]);
+    let onehot = x
+        .zeros_like()
+        .scatter(1, targets, grad.clone(), IndexingUpdateOp::Add);
+    let dx = onehot - (x - lse).exp() * grad;
+    B::float_reshape(primitive(dx), shape)
+}
 
 /// [`ModelBackend::causal_attention_with_lse`] by burn's operations (the
 /// trait's default, what GPU backends run), `block` query rows at a time:

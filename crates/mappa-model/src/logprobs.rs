@@ -254,7 +254,6 @@ impl PairLayout {
         if temperature != 1.0 {
             logits = logits / temperature as f64;
         }
-        let log_probs = kernels::log_softmax(logits);
         let targets = Tensor::<B, 2, Int>::from_data(
             TensorData::new(self.targets.clone(), [batch, c_width]),
             &device,
@@ -263,9 +262,7 @@ impl PairLayout {
             TensorData::new(self.mask.clone(), [batch, c_width]),
             &device,
         );
-        let picked = log_probs
-            .gather(2, targets.unsqueeze_dim::<3>(2))
-            .squeeze_dim::<2>(2);
+        let picked = kernels::token_log_probs(logits, targets);
         CompletionLogprobs {
             logprobs: picked * mask.clone(),
             mask,
