@@ -28,10 +28,10 @@
 //!   bits of a log-softmax followed by a gather (`token.rs`).
 //! - **AdamW** runs as one pass per parameter, with burn's operations'
 //!   arithmetic one by one ([`ModelBackend::adamw_step`]).
-//! - **Sums** (RMSNorm, softmax, log-softmax, full sums) keep [`LANES`]
-//!   partial sums in plain Rust arrays and add them in a fixed tree, so the
-//!   compiler may vectorise them at any width without changing a bit, and
-//!   long sums add fixed-size blocks in order.
+//! - **Sums** (RMSNorm, softmax, log-softmax, token log-probabilities, full
+//!   sums) keep [`LANES`] partial sums in plain Rust arrays and add them in a
+//!   fixed tree, so the compiler may vectorise them at any width without
+//!   changing a bit, and long sums add fixed-size blocks in order.
 //! - `exp` and `ln` are the `libm` crate's software routines, not the C
 //!   library's, whose implementation is chosen at run time by CPU feature.
 //!   The exception is SwiGLU's sigmoid, which keeps the bits of the C

@@ -7,10 +7,10 @@
 //! (16 with AVX-512, 8 with AVX2). Two x86-64 machines then train the same
 //! manifest into weights that differ in the last bits, and sampling turns
 //! that into different runs. [`ModelBackend`] routes the few operations that
-//! sum (matrix products, RMSNorm, softmax, log-softmax, full sums) through
-//! kernels whose order is fixed by the shapes alone on the CPU backend
-//! ([`flex`]); see the README's "Reproducibility" section for the
-//! contract and how it is checked.
+//! sum (matrix products, RMSNorm, softmax, log-softmax, token
+//! log-probabilities, full sums) through kernels whose order is fixed by the
+//! shapes alone on the CPU backend ([`flex`]); see the README's
+//! "Reproducibility" section for the contract and how it is checked.
 //!
 //! The pattern is burn's backend extension: a trait over
 //! [`Backend`](burn::tensor::backend::Backend) with default methods made of
