@@ -303,12 +303,7 @@ impl ModelBackend for Flex {
         let (x, shape) = contiguous(x);
         let mut out = vec![0.0; x.len()];
         for_rows(&x, &mut out, last_dim(&shape), |row, out| {
-            let max = row_max(row);
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = v - max;
-            }
-            libm_exp_in_place(out);
-            let lse = max + libm::logf(sum(out));
+            let lse = log_sum_exp(row, out);
             for (o, &v) in out.iter_mut().zip(row) {
                 *o = v - lse;
             }
@@ -544,6 +539,18 @@ fn for_elements(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
 
 fn row_max(row: &[f32]) -> f32 {
     row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `log(Σ exp(row))`, shifted by the row's maximum; `scratch` (the row's
+/// length) is overwritten. Log-softmax and token log-probabilities share it,
+/// hence their bits.
+fn log_sum_exp(row: &[f32], scratch: &mut [f32]) -> f32 {
+    let max = row_max(row);
+    for (s, &v) in scratch.iter_mut().zip(row) {
+        *s = v - max;
+    }
+    libm_exp_in_place(scratch);
+    max + libm::logf(sum(scratch))
 }
 
 fn inv_rms(row: &[f32], epsilon: f64) -> f32 {

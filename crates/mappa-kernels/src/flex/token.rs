@@ -23,7 +23,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, TensorMetadata};
 use rayon::prelude::*;
 
-use super::{contiguous, copy, f32_tensor, row_max, sum, tensor, ROWS_PER_TASK};
+use super::{contiguous, copy, f32_tensor, log_sum_exp, tensor, ROWS_PER_TASK};
 use crate::expf::libm_exp_in_place;
 
 /// `(log_softmax(x)[target], lse)` per row of `logits` (`[.., vocab]`),
@@ -38,12 +38,7 @@ pub(super) fn forward(logits: FlexTensor, targets: FlexTensor) -> (FlexTensor, F
         for (i, (picked, lse)) in picked.iter_mut().zip(lse.iter_mut()).enumerate() {
             let r = first + i;
             let row = rows.row(r);
-            let max = row_max(row);
-            for (e, &v) in exps.iter_mut().zip(row) {
-                *e = v - max;
-            }
-            libm_exp_in_place(&mut exps);
-            *lse = max + libm::logf(sum(&exps));
+            *lse = log_sum_exp(row, &mut exps);
             *picked = row[ids[r]] - *lse;
         }
     };
