@@ -161,8 +161,8 @@ pub fn forward<B: ModelBackend>(model: &Transformer<B>, tokens: &Tensor<B, 2, In
 /// optimiser mappa trains with ([`FusedAdamW`]), whose update without weight
 /// decay is Adam's.
 pub struct Trainer<B: AutodiffModelBackend> {
-    /// The model being trained.
-    pub model: Transformer<B>,
+    /// The model being trained; `None` only while the optimiser holds it.
+    model: Option<Transformer<B>>,
     optim: OptimizerAdaptor<FusedAdamW, Transformer<B>, B>,
 }
 
@@ -181,13 +181,16 @@ impl<B: AutodiffModelBackend> Trainer<B> {
             weight_decay: 0.0,
         }
         .init();
-        Self { model, optim }
+        Self {
+            model: Some(model),
+            optim,
+        }
     }
 
     /// One step of next-token training on `tokens`; returns the loss.
     pub fn step(&mut self, tokens: &Tensor<B, 2, Int>) -> f32 {
         let [b, s] = tokens.dims();
-        let logits = self.model.forward(tokens.clone());
+        let logits = self.model().forward(tokens.clone());
         // Every position's next token, the last position's a placeholder
         // weighted 0 (as HF's loss pads its labels with an ignored index):
         // the logits go to the loss whole, without a sliced copy.
@@ -206,15 +209,22 @@ impl<B: AutodiffModelBackend> Trainer<B> {
         let picked = kernels::token_log_probs(logits, targets) * weights;
         let loss = -kernels::sum(picked) / (b * (s - 1)) as f64;
         let value: f32 = loss.clone().into_scalar().elem();
-        let grads = GradientsParams::from_grads(loss.backward(), &self.model);
-        // Module clones share their parameter tensors: this copies no weights.
-        self.model = self.optim.step(1e-4, self.model.clone(), grads);
+        let grads = GradientsParams::from_grads(loss.backward(), self.model());
+        // Handed over, not cloned: the optimiser updates weights held
+        // nowhere else in place.
+        let model = self.model.take().expect("the trainer holds its model");
+        self.model = Some(self.optim.step(1e-4, model, grads));
         value
+    }
+
+    /// The model being trained.
+    pub fn model(&self) -> &Transformer<B> {
+        self.model.as_ref().expect("the trainer holds its model")
     }
 
     /// The inference view of the model.
     pub fn valid(&self) -> Transformer<B::InnerBackend> {
-        self.model.valid()
+        self.model().valid()
     }
 }
 

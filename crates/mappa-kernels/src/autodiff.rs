@@ -236,6 +236,40 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         }
     }
 
+    fn embed_tokens(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct EmbedTokens;
+
+        impl<B: ModelBackend> Backward<B, 1> for EmbedTokens {
+            /// The table (for its shape and device) and the token ids.
+            type State = (FloatTensor<B>, IntTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (weights, indices) = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::embed_tokens_backward(weights, grad, indices)
+                });
+            }
+        }
+
+        match EmbedTokens
+            .prepare::<C>([weights.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                (weights.primitive.clone(), indices.clone()),
+                B::embed_tokens(weights.primitive, indices),
+            ),
+            OpsKind::UnTracked(prep) => prep.finish(B::embed_tokens(weights.primitive, indices)),
+        }
+    }
+
     fn token_log_probs(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct TokenLogProbs;

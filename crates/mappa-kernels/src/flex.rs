@@ -25,9 +25,14 @@
 //!   ([`ModelBackend::matmul_rhs_grad`]).
 //! - **Token log-probabilities** (the cross-entropy over the logits) read
 //!   each row of logits once and keep one log-sum-exp per row, with the
-//!   bits of a log-softmax followed by a gather (`token.rs`).
+//!   bits of a log-softmax followed by a gather (`token.rs`); the backward
+//!   pass writes the gradient over the logits when nothing else holds them.
 //! - **AdamW** runs as one pass per parameter, with burn's operations'
-//!   arithmetic one by one ([`ModelBackend::adamw_step`]).
+//!   arithmetic one by one ([`ModelBackend::adamw_step`]), writing the
+//!   parameter and moments in place when nothing else holds them.
+//! - **The token embedding's gradient** adds each token's row into a zeroed
+//!   table in token order, as burn's does, without first filling and
+//!   copying a table-sized buffer ([`ModelBackend::embed_tokens_backward`]).
 //! - **Sums** (RMSNorm, softmax, log-softmax, token log-probabilities, full
 //!   sums) keep [`LANES`] partial sums in plain Rust arrays and add them in a
 //!   fixed tree, so the compiler may vectorise them at any width without
@@ -43,7 +48,7 @@
 //! from start to end, so the thread count changes nothing.
 
 use burn::backend::flex::{Flex, FlexTensor, Layout};
-use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor};
+use burn::tensor::ops::{FloatTensor, FloatTensorOps, IntTensor, ModuleOps};
 use burn::tensor::{Bytes, DType, FloatDType, Shape, TensorMetadata};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -97,31 +102,25 @@ impl ModelBackend for Flex {
         moments: Option<(FloatTensor<Self>, FloatTensor<Self>)>,
         step: &AdamWStep,
     ) -> [FloatTensor<Self>; 3] {
-        let (param, shape) = contiguous(param);
+        let shape = param.shape();
+        let mut param = owned(param);
         let (grad, _) = contiguous(grad);
-        let moments = moments.map(|(m, v)| (contiguous(m).0, contiguous(v).0));
-        let n = param.len();
+        let (mut m, mut v, first) = match moments {
+            Some((m, v)) => (owned(m), owned(v), false),
+            None => {
+                let zeros = || tensor(vec![0.0; shape.num_elements()], shape.clone());
+                (zeros(), zeros(), true)
+            }
+        };
         let scalars = AdamWScalars::of(step);
-        let (mut new_param, mut m_out, mut v_out) =
-            (vec![0.0f32; n], vec![0.0f32; n], vec![0.0f32; n]);
-        new_param
+        param
+            .storage_mut::<f32>()
             .par_chunks_mut(ELEMENTS_PER_TASK)
-            .zip(m_out.par_chunks_mut(ELEMENTS_PER_TASK))
-            .zip(v_out.par_chunks_mut(ELEMENTS_PER_TASK))
-            .enumerate()
-            .for_each(|(task, ((w_out, m_out), v_out))| {
-                let range = task * ELEMENTS_PER_TASK..task * ELEMENTS_PER_TASK + w_out.len();
-                let moments = moments
-                    .as_ref()
-                    .map(|(m, v)| (&m[range.clone()], &v[range.clone()]));
-                let outs = (w_out, m_out, v_out);
-                scalars.update(outs, &param[range.clone()], &grad[range], moments);
-            });
-        [
-            tensor(new_param, shape.clone()),
-            tensor(m_out, shape.clone()),
-            tensor(v_out, shape),
-        ]
+            .zip(m.storage_mut::<f32>().par_chunks_mut(ELEMENTS_PER_TASK))
+            .zip(v.storage_mut::<f32>().par_chunks_mut(ELEMENTS_PER_TASK))
+            .zip(grad.par_chunks(ELEMENTS_PER_TASK))
+            .for_each(|(((w, m), v), g)| scalars.update((w, m, v), g, first));
+        [param, m, v]
     }
 
     fn is_transposed(x: &FloatTensor<Self>) -> bool {
@@ -328,6 +327,39 @@ impl ModelBackend for Flex {
             }
         });
         tensor(out, shape)
+    }
+
+    fn embed_tokens_backward(
+        weights: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let table = weights.shape();
+        assert_eq!(
+            table.len(),
+            2,
+            "embed_tokens: a table of shape {table:?}, expected [vocab, hidden]"
+        );
+        if grad.dtype() != DType::F32 {
+            return Self::embedding_backward(weights, grad, indices);
+        }
+        let (vocab, hidden) = (table[0], table[1]);
+        let ids = ids_below(indices, vocab, "embed_tokens: token id");
+        let (grad, grad_shape) = contiguous(grad);
+        assert_eq!(
+            grad.len(),
+            ids.len() * hidden,
+            "embed_tokens backward: a gradient of shape {grad_shape:?} for {} tokens of width {hidden}",
+            ids.len()
+        );
+        // Zeroed by the allocator: rows of ids that do not occur are never written.
+        let mut out = vec![0.0f32; vocab * hidden];
+        for (&id, row) in ids.iter().zip(grad.chunks(hidden)) {
+            for (o, &g) in out[id * hidden..][..hidden].iter_mut().zip(row) {
+                *o += g;
+            }
+        }
+        tensor(out, table)
     }
 
     fn token_log_probs_with_lse(
@@ -727,6 +759,49 @@ fn contiguous(x: FlexTensor) -> (Values, Shape) {
     (Values { tensor, start, len }, shape)
 }
 
+/// The values of an integer tensor (i32 or i64) in row-major order, each
+/// checked to lie in `0..bound`; `what` names them in the message otherwise.
+fn ids_below(x: FlexTensor, bound: usize, what: &str) -> Vec<usize> {
+    let x = x.to_contiguous();
+    let (start, n) = (x.layout().start_offset(), x.shape().num_elements());
+    let ids: Vec<i64> = match x.dtype() {
+        DType::I32 => x.storage::<i32>()[start..start + n]
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect(),
+        DType::I64 => x.storage::<i64>()[start..start + n].to_vec(),
+        other => panic!("{what}s of dtype {other:?}, expected i32 or i64"),
+    };
+    ids.into_iter()
+        .enumerate()
+        .map(|(r, id)| match usize::try_from(id) {
+            Ok(id) if id < bound => id,
+            _ => panic!("{what} {id} of row {r} is outside the vocabulary (0..{bound})"),
+        })
+        .collect()
+}
+
+/// Whether `x` may be written in place: f32, contiguous from the start of
+/// a buffer of exactly its elements, and held nowhere else.
+fn writable(x: &FlexTensor) -> bool {
+    x.dtype() == DType::F32
+        && x.is_contiguous()
+        && x.layout().start_offset() == 0
+        && x.storage::<f32>().len() == x.shape().num_elements()
+        && x.is_unique()
+}
+
+/// `x` as an f32 tensor that can be written in place ([`writable`]):
+/// itself when it is one, otherwise a copy.
+fn owned(x: FlexTensor) -> FlexTensor {
+    let x = f32_tensor(x);
+    if writable(&x) {
+        return x;
+    }
+    let (values, shape) = contiguous(x);
+    tensor(values.to_vec(), shape)
+}
+
 fn tensor(values: Vec<f32>, shape: Shape) -> FlexTensor {
     FlexTensor::new(
         Bytes::from_elems(values),
@@ -838,8 +913,9 @@ struct AdamWScalars {
     lr: f32,
 }
 
-/// The new parameter, first and second moment of a chunk of elements.
-type AdamWOut<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
+/// The parameter, first and second moment of a chunk of elements, read
+/// and written in place.
+type AdamWChunk<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
 impl AdamWScalars {
     fn of(step: &AdamWStep) -> Self {
@@ -859,45 +935,30 @@ impl AdamWScalars {
     }
 
     /// One chunk, vectorised with AVX2 where the CPU has it (the
-    /// operations are IEEE's, correctly rounded at any width).
-    fn update(
-        &self,
-        out: AdamWOut,
-        param: &[f32],
-        grad: &[f32],
-        moments: Option<(&[f32], &[f32])>,
-    ) {
+    /// operations are IEEE's, correctly rounded at any width). At the
+    /// `first` update the moments' old values are not read: burn starts
+    /// them from the gradient's terms alone, which differs from `0 * beta +
+    /// term` where the term is `-0`.
+    fn update(&self, chunk: AdamWChunk, grad: &[f32], first: bool) {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 is present.
-            unsafe { self.update_avx2(out, param, grad, moments) };
+            unsafe { self.update_avx2(chunk, grad, first) };
             return;
         }
-        self.update_any(out, param, grad, moments);
+        self.update_any(chunk, grad, first);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn update_avx2(
-        &self,
-        out: AdamWOut,
-        param: &[f32],
-        grad: &[f32],
-        moments: Option<(&[f32], &[f32])>,
-    ) {
-        self.update_any(out, param, grad, moments);
+    unsafe fn update_avx2(&self, chunk: AdamWChunk, grad: &[f32], first: bool) {
+        self.update_any(chunk, grad, first);
     }
 
     /// Each operation rounds to f32, as burn's separate passes do (Rust
     /// never fuses a multiply and an add).
     #[inline(always)]
-    fn update_any(
-        &self,
-        (w_out, m_out, v_out): AdamWOut,
-        param: &[f32],
-        grad: &[f32],
-        moments: Option<(&[f32], &[f32])>,
-    ) {
+    fn update_any(&self, (w, m, v): AdamWChunk, grad: &[f32], first: bool) {
         let tail = |w: f32, m: f32, v: f32| {
             let delta = (m / self.correction_1) / ((v / self.correction_2).sqrt() + self.epsilon);
             let w = match self.keep {
@@ -906,22 +967,17 @@ impl AdamWScalars {
             };
             w - delta * self.lr
         };
-        let outs = w_out.iter_mut().zip(m_out.iter_mut()).zip(v_out.iter_mut());
-        match moments {
-            Some((m0, v0)) => {
-                for ((((w_o, m_o), v_o), (&w, &g)), (&m, &v)) in
-                    outs.zip(param.iter().zip(grad)).zip(m0.iter().zip(v0))
-                {
-                    let m = m * self.beta_1 + g * self.factor_1;
-                    let v = v * self.beta_2 + (g * g) * self.factor_2;
-                    (*w_o, *m_o, *v_o) = (tail(w, m, v), m, v);
-                }
+        let elements = w.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(grad);
+        if first {
+            for (((w, m), v), &g) in elements {
+                (*m, *v) = (g * self.factor_1, (g * g) * self.factor_2);
+                *w = tail(*w, *m, *v);
             }
-            None => {
-                for (((w_o, m_o), v_o), (&w, &g)) in outs.zip(param.iter().zip(grad)) {
-                    let (m, v) = (g * self.factor_1, (g * g) * self.factor_2);
-                    (*w_o, *m_o, *v_o) = (tail(w, m, v), m, v);
-                }
+        } else {
+            for (((w, m), v), &g) in elements {
+                *m = *m * self.beta_1 + g * self.factor_1;
+                *v = *v * self.beta_2 + (g * g) * self.factor_2;
+                *w = tail(*w, *m, *v);
             }
         }
     }
@@ -1617,6 +1673,121 @@ mod tests {
         close(
             Tensor::from_primitive(burn::tensor::TensorPrimitive::Float(dx)),
             want_dx,
+        );
+    }
+
+    /// AdamW writes a parameter and moments held nowhere else in place,
+    /// copies those that are shared (leaving the other holder's values as
+    /// they were), and gives the same bits either way.
+    #[test]
+    fn adamw_step_writes_unshared_tensors_in_place_and_copies_shared_ones() {
+        let n = 3 * ELEMENTS_PER_TASK + 5;
+        let shape = Shape::from(vec![n]);
+        let values = |seed: u64, scale: f32| -> Vec<f32> {
+            seeded(&[n], seed).iter().map(|v| v * scale).collect()
+        };
+        let inputs = || {
+            let second_moment = values(4, 1e-3).iter().map(|v| v.abs()).collect();
+            (
+                tensor(values(1, 1.0), shape.clone()),
+                tensor(values(2, 0.5), shape.clone()),
+                tensor(values(3, 0.05), shape.clone()),
+                tensor(second_moment, shape.clone()),
+            )
+        };
+        let step = AdamWStep {
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-5,
+            weight_decay: 0.1,
+            lr: 1e-2,
+            time: 3,
+        };
+        let address = |x: &FlexTensor| x.bytes().as_ptr();
+        let raw = |x: &FlexTensor| {
+            x.storage::<f32>()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let (param, grad, m, v) = inputs();
+        let addresses = [address(&param), address(&m), address(&v)];
+        let in_place = <B as ModelBackend>::adamw_step(param, grad, Some((m, v)), &step);
+        for (out, before) in in_place.iter().zip(addresses) {
+            assert_eq!(
+                address(out),
+                before,
+                "an unshared tensor is updated in place"
+            );
+        }
+        let (param, grad, m, v) = inputs();
+        let kept = [param.clone(), m.clone(), v.clone()];
+        let kept_bits = kept.each_ref().map(raw);
+        let copied = <B as ModelBackend>::adamw_step(param, grad, Some((m, v)), &step);
+        for ((out, kept), kept_bits) in copied.iter().zip(&kept).zip(&kept_bits) {
+            assert_ne!(address(out), address(kept), "a shared tensor is copied");
+            assert_eq!(
+                &raw(kept),
+                kept_bits,
+                "the other holder's values are unchanged"
+            );
+        }
+        for (a, b) in in_place.iter().zip(&copied) {
+            assert_eq!(raw(a), raw(b));
+        }
+        assert_ne!(raw(&copied[0]), kept_bits[0], "the parameter moved");
+    }
+
+    /// The token embedding and its gradient are burn's `embedding` and
+    /// `embedding_backward`, bit for bit: ids repeated (their rows summed
+    /// in token order), an id at the table's end, rows no id names (zero),
+    /// and gradients of `-0` (which `0 + g` turns into `+0` in both).
+    #[test]
+    fn embed_tokens_is_burns_embedding_bit_for_bit() {
+        type A = burn::backend::Autodiff<Flex>;
+        let device = Default::default();
+        let (vocab, hidden) = (11, 6);
+        let weights = Tensor::<A, 2>::from_data(
+            TensorData::new(seeded(&[vocab, hidden], 5), [vocab, hidden]),
+            &device,
+        )
+        .require_grad();
+        let ids = vec![3i64, 7, 3, 0, 10, 3, 7, 1];
+        let ids = Tensor::<A, 2, Int>::from_data(TensorData::new(ids, [2, 4]), &device);
+        let mut upstream = seeded(&[2, 4, hidden], 9);
+        for v in upstream.iter_mut().step_by(5) {
+            *v = -0.0;
+        }
+        let upstream =
+            Tensor::<A, 3>::from_data(TensorData::new(upstream, [2, 4, hidden]), &device);
+        let ours = crate::embed_tokens(weights.clone(), ids.clone());
+        let burns = burn::tensor::module::embedding(weights.clone(), ids);
+        assert_eq!(bits(ours.clone().inner()), bits(burns.clone().inner()));
+        let grad = |out: Tensor<A, 3>| {
+            let grads = (out * upstream.clone()).sum().backward();
+            bits(weights.grad(&grads).expect("the table's gradient"))
+        };
+        let (ours, burns) = (grad(ours), grad(burns));
+        assert_eq!(ours, burns);
+        assert!(
+            ours[2 * hidden..3 * hidden].iter().all(|&b| b == 0),
+            "row 2 is named by no id"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "embed_tokens: token id 4 of row 1 is outside the vocabulary (0..4)")]
+    fn embed_tokens_backward_refuses_an_id_outside_the_table() {
+        let weights = t(seeded(&[4, 3], 1), [4, 3]);
+        let grad = t(seeded(&[1, 2, 3], 2), [1, 2, 3]);
+        let ids = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(vec![0i64, 4], [1, 2]),
+            &Default::default(),
+        );
+        <B as ModelBackend>::embed_tokens_backward(
+            weights.into_primitive().tensor(),
+            grad.into_primitive().tensor(),
+            ids.into_primitive(),
         );
     }
 }

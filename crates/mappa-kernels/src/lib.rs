@@ -8,7 +8,7 @@
 //! manifest into weights that differ in the last bits, and sampling turns
 //! that into different runs. [`ModelBackend`] routes the few operations that
 //! sum (matrix products, RMSNorm, softmax, log-softmax, token
-//! log-probabilities, full sums) through kernels whose order is fixed by the
+//! log-probabilities, the token embedding's gradient, full sums) through kernels whose order is fixed by the
 //! shapes alone on the CPU backend ([`flex`]); see the README's
 //! "Reproducibility" section for the contract and how it is checked.
 //!
@@ -210,6 +210,27 @@ pub trait ModelBackend: Backend {
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         ops_token_log_probs_backward::<Self>(logits, targets, lse, grad)
+    }
+
+    /// The rows of a `[vocab, hidden]` table named by `indices`, for
+    /// [`embed_tokens`]: burn's `embedding`.
+    fn embed_tokens(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
+        Self::embedding(weights, indices)
+    }
+
+    /// The gradient of [`embed_tokens`](ModelBackend::embed_tokens) with
+    /// respect to the table `weights` (read for its shape and device only),
+    /// given the output's gradient `grad`: starting from zeros, each
+    /// token's gradient row is added to its id's row, in token order. The
+    /// default is burn's `embedding_backward`; the CPU backend gives its
+    /// bits without filling and copying a table-sized buffer first, and
+    /// writes only the rows of ids that occur.
+    fn embed_tokens_backward(
+        weights: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        indices: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        Self::embedding_backward(weights, grad, indices)
     }
 
     /// Causal attention `softmax(q k^T + mask) v` and each query row's
@@ -491,6 +512,24 @@ pub fn softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D>
 /// Log-softmax over the last dimension.
 pub fn log_softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     float(B::log_softmax_last(primitive(x)))
+}
+
+/// The rows of the table `weights` named by `indices` (a token embedding),
+/// as burn's `embedding` computes them; its backward pass is
+/// [`ModelBackend::embed_tokens_backward`], which on the CPU backend gives
+/// the bits of burn's while writing only the rows of ids that occur.
+///
+/// # Shapes
+/// - `weights`: `[vocab, hidden]`, `indices`: `[batch, seq]` (ids below
+///   `vocab`); returns `[batch, seq, hidden]`.
+pub fn embed_tokens<B: ModelBackend>(
+    weights: Tensor<B, 2>,
+    indices: Tensor<B, 2, Int>,
+) -> Tensor<B, 3> {
+    float(B::embed_tokens(
+        primitive(weights),
+        indices.into_primitive(),
+    ))
 }
 
 /// Each position's log-probability of its target token,

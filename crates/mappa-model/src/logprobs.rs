@@ -89,8 +89,7 @@ pub fn layerwise_gradients<B: AutodiffModelBackend, T>(
     let frozen = model.valid();
     let inputs = frozen.layer_inputs(&window, rows, &device);
     let mut x = frozen
-        .embed_tokens
-        .forward(layout.input(&device))
+        .embed(layout.input(&device))
         .reshape([rows * width, hidden]);
     let mut saved = Vec::with_capacity(frozen.layers.len());
     for layer in &frozen.layers {
@@ -129,8 +128,7 @@ pub fn layerwise_gradients<B: AutodiffModelBackend, T>(
     // The embeddings, when they are trained.
     if model.embed_tokens.weight.val().is_require_grad() {
         let e = model
-            .embed_tokens
-            .forward(layout.input(&device))
+            .embed(layout.input(&device))
             .reshape([rows * width, hidden]);
         let grads = (e * Tensor::from_inner(upstream)).sum().backward();
         sum.accumulate(

@@ -382,6 +382,14 @@ impl<B: Backend> Transformer<B> {
 }
 
 impl<B: ModelBackend> Transformer<B> {
+    /// The token embeddings of `tokens` ([`kernels::embed_tokens`]).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[batch, seq]`; returns `[batch, seq, hidden]`.
+    pub(crate) fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        kernels::embed_tokens(self.embed_tokens.weight.val(), tokens)
+    }
+
     /// Runs the decoder over one window of a left-padded batch and returns
     /// the final hidden states (after the last norm). With a cache, the
     /// window's keys and values are appended to it and attention also covers
@@ -408,10 +416,7 @@ impl<B: ModelBackend> Transformer<B> {
         }
         let c = &self.config;
         let inputs = self.layer_inputs(window, batch, &device);
-        let mut x = self
-            .embed_tokens
-            .forward(tokens)
-            .reshape([batch * len, c.hidden_size]);
+        let mut x = self.embed(tokens).reshape([batch * len, c.hidden_size]);
         for (i, layer) in self.layers.iter().enumerate() {
             let layer_cache = cache.as_deref_mut().map(|c| c.layer_mut(i));
             x = layer.forward(x, &inputs, layer_cache);

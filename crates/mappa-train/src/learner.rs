@@ -76,10 +76,15 @@ pub struct StepMetrics {
     pub skipped: bool,
 }
 
+/// Why a learner's policy is always there: it is taken only for the
+/// duration of an optimiser step.
+const HELD: &str = "the learner holds its policy between optimiser steps";
+
 /// An agent's policy, reference and optimiser.
 pub struct AgentLearner<B: AutodiffModelBackend> {
     name: String,
-    policy: Transformer<B>,
+    /// `None` only while the optimiser holds it ([`Self::train_step`]).
+    policy: Option<Transformer<B>>,
     reference: Transformer<B::InnerBackend>,
     optimizer: OptimizerAdaptor<FusedAdamW, Transformer<B>, B>,
     config: TrainConfig,
@@ -121,7 +126,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         .init();
         Ok(Self {
             name,
-            policy,
+            policy: Some(policy),
             reference,
             optimizer,
             config,
@@ -142,7 +147,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
     /// policy): micro-batches are spread over replicas and their gradients
     /// summed by burn's collective all-reduce ([`crate::data_parallel`]).
     pub fn with_data_parallel(mut self, devices: Vec<B::Device>) -> Result<Self, TrainError> {
-        check_devices::<B>(&self.name, &self.policy.device(), &devices)?;
+        check_devices::<B>(&self.name, &self.policy().device(), &devices)?;
         self.data_parallel = devices;
         Ok(self)
     }
@@ -159,7 +164,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
 
     /// The policy being trained.
     pub fn policy(&self) -> &Transformer<B> {
-        &self.policy
+        self.policy.as_ref().expect(HELD)
     }
 
     /// The frozen reference.
@@ -184,7 +189,8 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         &mut OptimizerAdaptor<FusedAdamW, Transformer<B>, B>,
         &mut usize,
     ) {
-        (&mut self.policy, &mut self.optimizer, &mut self.step)
+        let policy = self.policy.as_mut().expect(HELD);
+        (policy, &mut self.optimizer, &mut self.step)
     }
 
     pub(crate) fn optimizer(&self) -> &OptimizerAdaptor<FusedAdamW, Transformer<B>, B> {
@@ -195,7 +201,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
     /// current policy (no gradient): the "old" log-probs of a fresh rollout.
     /// In batches of at most `logprob_batch_size` pairs.
     pub fn policy_logprobs(&self, pairs: &[(&[u32], &[u32])]) -> Result<Vec<Vec<f32>>, TrainError> {
-        self.batched_logprobs(&self.policy.valid(), pairs)
+        self.batched_logprobs(&self.policy().valid(), pairs)
     }
 
     /// Teacher-forced log-probs under the frozen reference, batched the same way.
@@ -293,11 +299,11 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         }
         let chunks: Vec<&[TrainSample]> = samples.chunks(self.config.micro_batch_size).collect();
         let devices = match self.data_parallel.as_slice() {
-            [] => vec![self.policy.device()],
+            [] => vec![self.policy().device()],
             devices => devices.to_vec(),
         };
         let (mut grads, sums) =
-            parallel_gradients(&self.policy, &devices, &chunks, |policy, chunk| {
+            parallel_gradients(self.policy(), &devices, &chunks, |policy, chunk| {
                 micro_batch_gradients(&self.name, policy, &self.config, chunk, loss_config, tokens)
             })?;
         // Summed over micro-batches in order here, made fractions below.
@@ -307,8 +313,8 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             metrics.kl += sum.kl;
         }
         metrics.grad_norm = match self.config.grad_clip {
-            Some(max) => clip_global_grad_norm(&self.policy, &mut grads, max),
-            None => crate::params::global_grad_norm(&self.policy, &grads),
+            Some(max) => clip_global_grad_norm(self.policy(), &mut grads, max),
+            None => crate::params::global_grad_norm(self.policy(), &grads),
         };
         if !metrics.grad_norm.is_finite() {
             return Err(TrainError::NonFinite(format!(
@@ -318,7 +324,10 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         }
         metrics.clip_fraction /= tokens as f64;
         metrics.kl /= tokens as f64;
-        self.policy = self.optimizer.step(lr, self.policy.clone(), grads);
+        // Handed over, not cloned: the optimiser updates weights held
+        // nowhere else (not shared with the reference) in place.
+        let policy = self.policy.take().expect(HELD);
+        self.policy = Some(self.optimizer.step(lr, policy, grads));
         self.step += 1;
         Ok(metrics)
     }

@@ -20,10 +20,12 @@
 //! `y_j = x_j - lse` recomputed here exactly as the forward pass made it.
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, Shape, TensorMetadata};
+use burn::tensor::{Shape, TensorMetadata};
 use rayon::prelude::*;
 
-use super::{contiguous, copy, f32_tensor, log_sum_exp, tensor, ROWS_PER_TASK};
+use super::{
+    contiguous, copy, f32_tensor, ids_below, log_sum_exp, tensor, writable, ROWS_PER_TASK,
+};
 use crate::expf::libm_exp_in_place;
 
 /// `(log_softmax(x)[target], lse)` per row of `logits` (`[.., vocab]`),
@@ -56,7 +58,9 @@ pub(super) fn forward(logits: FlexTensor, targets: FlexTensor) -> (FlexTensor, F
 }
 
 /// The logits' gradient (contiguous, the logits' shape) given the rows'
-/// log-sum-exp and the log-probabilities' gradient `grad`.
+/// log-sum-exp and the log-probabilities' gradient `grad`. Written over
+/// the logits themselves when nothing else holds them (under autodiff they
+/// are this operation's saved state, used once).
 pub(super) fn backward(
     logits: FlexTensor,
     targets: FlexTensor,
@@ -67,18 +71,29 @@ pub(super) fn backward(
     let ids = target_ids(targets, &rows);
     let (lse, _) = contiguous(lse);
     let (grad, _) = contiguous(grad);
-    let (n, width) = (rows.offsets.len(), rows.width);
+    let (n, width, shape) = (rows.offsets.len(), rows.width, rows.shape.clone());
     assert!(
         lse.len() == n && grad.len() == n,
         "token_log_probs backward: {n} rows of logits, {} log-sum-exps, {} gradients",
         lse.len(),
         grad.len()
     );
-    let mut out = vec![0.0f32; n * width];
+    // Either the logits' own buffer, each row overwritten by its gradient,
+    // or a new one, each row's logits read from `source`.
+    let (mut out, source) = if writable(&rows.tensor) {
+        (rows.tensor, None)
+    } else {
+        (tensor(vec![0.0f32; n * width], shape), Some(rows))
+    };
     let row_task = |r: usize, out: &mut [f32]| {
         let lse = lse[r];
-        for (o, &v) in out.iter_mut().zip(rows.row(r)) {
-            *o = v - lse;
+        match &source {
+            Some(rows) => {
+                for (o, &v) in out.iter_mut().zip(rows.row(r)) {
+                    *o = v - lse;
+                }
+            }
+            None => out.iter_mut().for_each(|o| *o -= lse),
         }
         libm_exp_in_place(out);
         // The gathered gradient as burn's scatter-add leaves it (0 + g, so
@@ -90,12 +105,15 @@ pub(super) fn backward(
         }
         out[ids[r]] = g - at_target * g;
     };
+    let values = out.storage_mut::<f32>();
     if n <= ROWS_PER_TASK {
-        out.chunks_mut(width)
+        values
+            .chunks_mut(width)
             .enumerate()
             .for_each(|(r, out)| row_task(r, out));
     } else {
-        out.par_chunks_mut(width * ROWS_PER_TASK)
+        values
+            .par_chunks_mut(width * ROWS_PER_TASK)
             .enumerate()
             .for_each(|(t, out)| {
                 for (i, out) in out.chunks_mut(width).enumerate() {
@@ -103,7 +121,7 @@ pub(super) fn backward(
                 }
             });
     }
-    tensor(out, rows.shape)
+    out
 }
 
 /// The rows of a `[.., width]` f32 tensor, read in place where each row is
@@ -178,26 +196,7 @@ fn target_ids(targets: FlexTensor, rows: &Rows) -> Vec<usize> {
         "token_log_probs: targets of shape {:?} for {n} rows of logits",
         &targets.shape()[..]
     );
-    let targets = targets.to_contiguous();
-    let start = targets.layout().start_offset();
-    let ids: Vec<i64> = match targets.dtype() {
-        DType::I32 => targets.storage::<i32>()[start..start + n]
-            .iter()
-            .map(|&t| i64::from(t))
-            .collect(),
-        DType::I64 => targets.storage::<i64>()[start..start + n].to_vec(),
-        other => panic!("token_log_probs: targets of dtype {other:?}, expected i32 or i64"),
-    };
-    ids.into_iter()
-        .enumerate()
-        .map(|(r, id)| match usize::try_from(id) {
-            Ok(id) if id < rows.width => id,
-            _ => panic!(
-                "token_log_probs: target {id} of row {r} is outside the vocabulary (0..{})",
-                rows.width
-            ),
-        })
-        .collect()
+    ids_below(targets, rows.width, "token_log_probs: target")
 }
 
 #[cfg(test)]
@@ -285,6 +284,55 @@ mod tests {
             let (d1, d2) = (x1.grad(&g1).unwrap(), x2.grad(&g2).unwrap());
             assert_eq!(bits(d1), bits(d2), "logits' gradient, case {b}x{s}x{v}");
         }
+    }
+
+    /// The backward pass writes the gradient over logits held nowhere else
+    /// and into a new buffer when they are shared (leaving them as they
+    /// were), with the same bits either way; rows on several threads.
+    #[test]
+    fn the_backward_pass_reuses_logits_held_nowhere_else() {
+        let (b, s, v) = (2, 40, 301);
+        let (logits, _, _) = case(b, s, v, 5);
+        let (_, targets, grad) = case(b, s + 1, v, 6);
+        let device = Default::default();
+        let held = || {
+            let x = Tensor::<Flex, 3>::from_data(
+                TensorData::new(logits.clone(), [b, s + 1, v]),
+                &device,
+            );
+            x.into_primitive().tensor()
+        };
+        let targets =
+            Tensor::<Flex, 2, Int>::from_data(TensorData::new(targets, [b, s + 1]), &device)
+                .into_primitive();
+        let grad = Tensor::<Flex, 2>::from_data(TensorData::new(grad, [b, s + 1]), &device)
+            .into_primitive()
+            .tensor();
+        let raw = |x: &FloatTensor<Flex>| -> Vec<u32> {
+            x.storage::<f32>().iter().map(|v| v.to_bits()).collect()
+        };
+        let (_, lse) = Flex::token_log_probs_with_lse(held(), targets.clone());
+
+        let unshared = held();
+        let address = unshared.bytes().as_ptr();
+        let in_place =
+            Flex::token_log_probs_backward(unshared, targets.clone(), lse.clone(), grad.clone());
+        assert_eq!(
+            in_place.bytes().as_ptr(),
+            address,
+            "written over the logits"
+        );
+
+        let shared = held();
+        let kept = shared.clone();
+        let copied = Flex::token_log_probs_backward(shared, targets, lse, grad);
+        assert_ne!(
+            copied.bytes().as_ptr(),
+            kept.bytes().as_ptr(),
+            "a new buffer"
+        );
+        assert_eq!(raw(&kept), raw(&held()), "the shared logits are unchanged");
+        assert_eq!(raw(&in_place), raw(&copied));
     }
 
     /// The trait's default (burn's operations, what GPU backends run)
