@@ -126,18 +126,32 @@ bench-memory *ARGS: models
     mkdir -p target/bench
     target/release/memory_bench --out target/bench/memory.json {{ARGS}}
 
-# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8, BENCH_RUNS (default 3) runs each side, alternating; medians, ranges and ratios (about 25 minutes).
+# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs` picks some), BENCH_RUNS (default 3) runs each side, alternating config by config so that each pair of runs is a minute or two apart; medians, ranges and ratios (about 25 minutes).
 bench-vs-torch *ARGS: setup-torch models
     #!/usr/bin/env bash
     set -euo pipefail
     mkdir -p target/bench
     cargo build --release --locked -p mappa-benches --bin bench_json
-    runs="${BENCH_RUNS:-3}"
+    runs="${BENCH_RUNS:-3}" configs="1m,25m,smol-b1,smol-b8" rest=()
+    set -- {{ARGS}}
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --configs) configs="$2"; shift 2 ;;
+            --configs=*) configs="${1#*=}"; shift ;;
+            *) rest+=("$1"); shift ;;
+        esac
+    done
     burn=() torch=()
     for i in $(seq 1 "$runs"); do
-        echo "== run $i of $runs: burn, then PyTorch"
-        target/release/bench_json --out "target/bench/burn-$i.json" {{ARGS}} > /dev/null
-        {{python}} benches/torch_bench.py --threads 2 --out "target/bench/torch-$i.json" {{ARGS}}
+        parts_burn=() parts_torch=()
+        for config in ${configs//,/ }; do
+            echo "== run $i of $runs, $config: burn, then PyTorch"
+            target/release/bench_json --configs "$config" --out "target/bench/burn-$i-$config.json" "${rest[@]}" > /dev/null
+            {{python}} benches/torch_bench.py --threads 2 --configs "$config" --out "target/bench/torch-$i-$config.json" "${rest[@]}"
+            parts_burn+=("target/bench/burn-$i-$config.json") parts_torch+=("target/bench/torch-$i-$config.json")
+        done
+        {{python}} benches/merge_runs.py "target/bench/burn-$i.json" "${parts_burn[@]}"
+        {{python}} benches/merge_runs.py "target/bench/torch-$i.json" "${parts_torch[@]}"
         burn+=("target/bench/burn-$i.json") torch+=("target/bench/torch-$i.json")
     done
     (IFS=,; {{python}} benches/compare.py "${burn[*]}" "${torch[*]}")
