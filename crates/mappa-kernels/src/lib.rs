@@ -8,9 +8,10 @@
 //! manifest into weights that differ in the last bits, and sampling turns
 //! that into different runs. [`ModelBackend`] routes the few operations that
 //! sum (matrix products, RMSNorm, softmax, log-softmax, token
-//! log-probabilities, the token embedding's gradient, full sums) through kernels whose order is fixed by the
-//! shapes alone on the CPU backend ([`flex`]); see the README's
-//! "Reproducibility" section for the contract and how it is checked.
+//! log-probabilities, the token embedding's gradient, full sums) through
+//! kernels whose order is fixed by the shapes alone on the CPU backend
+//! ([`flex`]); see the README's "Reproducibility" section for the contract
+//! and how it is checked.
 //!
 //! The pattern is burn's backend extension: a trait over
 //! [`Backend`](burn::tensor::backend::Backend) with default methods made of
