@@ -168,6 +168,47 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         }
     }
 
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Rope;
+
+        impl<B: ModelBackend> Backward<B, 1> for Rope {
+            /// The tables and the scale.
+            type State = (FloatTensor<B>, FloatTensor<B>, f64);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (cos, sin, scale) = ops.state;
+                unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+                    B::rope_backward(grad, cos, sin, scale)
+                });
+            }
+        }
+
+        // The tables are constants: only `x` is a parent.
+        let (cos, sin) = (cos.primitive, sin.primitive);
+        match Rope
+            .prepare::<C>([x.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let output = B::rope(x.primitive, cos.clone(), sin.clone(), scale);
+                prep.finish((cos, sin, scale), output)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rope(x.primitive, cos, sin, scale)),
+        }
+    }
+
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -481,6 +522,65 @@ mod tests {
     /// SwiGLU's kernel gives the bits of burn's `silu(gate) * up`, forward
     /// and backward (both sides of zero, and where `exp` overflows), so
     /// models trained before it existed train the same.
+    #[test]
+    fn rope_is_the_rotation_matrix_product_bit_for_bit() {
+        // Enough rows for two threads' chunks; zeros of both signs in the
+        // input and the output's gradient, where signed zeros could differ.
+        let (rows, d) = (300, 64);
+        let mut x = values(rows * d, 11);
+        x[..4].copy_from_slice(&[0.0, -0.0, 0.0, -0.0]);
+        x[d / 2..d / 2 + 4].copy_from_slice(&[-0.0, -0.0, 0.0, 0.0]);
+        let mut weights = values(rows * d, 12);
+        weights[..4].copy_from_slice(&[-0.0, 0.0, -0.0, 0.0]);
+        weights[d / 2..d / 2 + 4].copy_from_slice(&[-0.0, -0.0, 0.0, 0.0]);
+        let weights = Tensor::<CpuAutodiff, 2>::from_data(
+            TensorData::new(weights, [rows, d]),
+            &Default::default(),
+        );
+        let input = || {
+            Tensor::<CpuAutodiff, 2>::from_data(
+                TensorData::new(x.clone(), [rows, d]),
+                &Default::default(),
+            )
+            .require_grad()
+        };
+        // Positive table entries where the zeros sit, so that every pairing
+        // of zero signs reaches the output's sign.
+        let table = |seed| {
+            let mut t = values(rows * d, seed);
+            t[..4].fill(0.5);
+            t[d / 2..d / 2 + 4].fill(0.5);
+            Tensor::<CpuAutodiff, 2>::from_data(TensorData::new(t, [rows, d]), &Default::default())
+        };
+        let (cos, sin) = (table(13), table(14));
+        let bits = |t: Tensor<Cpu, 2>| {
+            t.into_data()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        for scale in [1.0, 1.0 / 48f64.sqrt()] {
+            let (x1, x2) = (input(), input());
+            let mine = crate::rope(x1.clone(), cos.clone(), sin.clone(), scale);
+            let rotate = crate::rotate_half_matrix::<CpuAutodiff>(d, &Default::default());
+            let rotated = crate::matmul(x2.clone(), rotate);
+            let mut theirs = x2.clone() * cos.clone() + rotated * sin.clone();
+            if scale != 1.0 {
+                theirs = theirs * scale;
+            }
+            assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
+            let mine = (mine * weights.clone()).sum().backward();
+            let theirs = (theirs * weights.clone()).sum().backward();
+            assert_eq!(
+                bits(x1.grad(&mine).unwrap()),
+                bits(x2.grad(&theirs).unwrap()),
+                "scale {scale}"
+            );
+        }
+    }
+
     #[test]
     fn swiglu_is_burns_silu_times_up_bit_for_bit() {
         let mut gate = values(4 * 300, 7);

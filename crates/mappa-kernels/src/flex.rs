@@ -267,6 +267,44 @@ impl ModelBackend for Flex {
         (tensor(d_gate, shape.clone()), tensor(d_up, shape))
     }
 
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        let (x, shape) = contiguous(x);
+        let (cos, _) = contiguous(cos);
+        let (sin, _) = contiguous(sin);
+        let d = last_dim(&shape);
+        let mut out = vec![0.0; x.len()];
+        for_whole_rows(&mut out, d, |start, out| {
+            let end = start + out.len();
+            let (x, cos, sin) = (&x[start..end], &cos[start..end], &sin[start..end]);
+            rotate_rows(x, cos, sin, scale as f32, d, out, RotateHalf::Forward);
+        });
+        tensor(out, shape)
+    }
+
+    fn rope_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        let (grad, shape) = contiguous(grad);
+        let (cos, _) = contiguous(cos);
+        let (sin, _) = contiguous(sin);
+        let d = last_dim(&shape);
+        let mut out = vec![0.0; grad.len()];
+        for_whole_rows(&mut out, d, |start, out| {
+            let end = start + out.len();
+            let (grad, cos, sin) = (&grad[start..end], &cos[start..end], &sin[start..end]);
+            rotate_rows(grad, cos, sin, scale as f32, d, out, RotateHalf::Inverse);
+        });
+        tensor(out, shape)
+    }
+
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = contiguous(x);
         let mut out = vec![0.0; x.len()];
@@ -567,6 +605,102 @@ fn for_elements(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
     out.par_chunks_mut(ELEMENTS_PER_TASK)
         .enumerate()
         .for_each(|(i, chunk)| f(i * ELEMENTS_PER_TASK, chunk));
+}
+
+/// `f(start, chunk)` over chunks of `out` that hold whole rows of `d`
+/// elements, about [`ELEMENTS_PER_TASK`] each, on rayon's threads when
+/// there is more than one chunk.
+fn for_whole_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if d == 0 {
+        return;
+    }
+    let chunk = (ELEMENTS_PER_TASK / d).max(1) * d;
+    if out.len() <= chunk {
+        f(0, out);
+        return;
+    }
+    out.par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(i, out)| f(i * chunk, out));
+}
+
+/// Which way [`rotate_rows`] turns the halves of a row.
+#[derive(Clone, Copy, PartialEq)]
+enum RotateHalf {
+    /// `[-x₂, x₁]`: RoPE's forward pass.
+    Forward,
+    /// `[x₂, -x₁]`: its transpose, in the backward pass.
+    Inverse,
+}
+
+/// RoPE over rows of `d` elements, as burn's operations in
+/// `ModelBackend::rope`'s default compute it, rounding for rounding: the
+/// forward pass `(x * cos + rotate_half(x) * sin) * scale`, the backward
+/// pass `g * cos + rotate_half⁻¹(g * sin)` with `g = grad * scale`. The
+/// default rotates by a product with a signed permutation matrix: one FMA
+/// chain from +0 whose only nonzero term is `±v`, so each rotated element
+/// is `0 + (±v)` here, which keeps its bits, signed zeros included.
+fn rotate_rows(
+    y: &[f32],
+    cos: &[f32],
+    sin: &[f32],
+    scale: f32,
+    d: usize,
+    out: &mut [f32],
+    turn: RotateHalf,
+) {
+    let half = d / 2;
+    let mut scaled = vec![0.0f32; d];
+    let mut turned = vec![0.0f32; d];
+    for (((y, cos), sin), out) in y
+        .chunks(d)
+        .zip(cos.chunks(d))
+        .zip(sin.chunks(d))
+        .zip(out.chunks_mut(d))
+    {
+        match turn {
+            RotateHalf::Forward => {
+                let (y1, y2) = y.split_at(half);
+                let (t1, t2) = turned.split_at_mut(half);
+                for ((t, &a), &b) in t1.iter_mut().zip(y2).zip(sin) {
+                    *t = (0.0 + -a) * b;
+                }
+                for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(&sin[half..]) {
+                    *t = (0.0 + a) * b;
+                }
+                for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
+                    *o = v * c + t;
+                }
+                if scale != 1.0 {
+                    for o in out.iter_mut() {
+                        *o *= scale;
+                    }
+                }
+            }
+            RotateHalf::Inverse => {
+                let y = if scale == 1.0 {
+                    y
+                } else {
+                    for (s, &v) in scaled.iter_mut().zip(y) {
+                        *s = v * scale;
+                    }
+                    &scaled
+                };
+                let (s1, s2) = sin.split_at(half);
+                let (y1, y2) = y.split_at(half);
+                let (t1, t2) = turned.split_at_mut(half);
+                for ((t, &a), &b) in t1.iter_mut().zip(y2).zip(s2) {
+                    *t = 0.0 + a * b;
+                }
+                for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(s1) {
+                    *t = 0.0 + -(a * b);
+                }
+                for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
+                    *o = v * c + t;
+                }
+            }
+        }
+    }
 }
 
 fn row_max(row: &[f32]) -> f32 {

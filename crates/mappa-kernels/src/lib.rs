@@ -144,6 +144,57 @@ pub trait ModelBackend: Backend {
         (primitive(d_gate), primitive(d_up))
     }
 
+    /// Rotary position embedding in HF's "rotate half" form, then a scale:
+    /// `(x * cos + rotate_half(x) * sin) * scale`, where `rotate_half(x)`
+    /// is `[-x₂, x₁]` for the halves `[x₁, x₂]` of the last dimension. A
+    /// scale of 1 is no operation. `cos` and `sin` are constants (no
+    /// gradient flows to them). The default is burn's operations, with
+    /// `rotate_half` as a product with a signed permutation matrix; the CPU
+    /// backend does it in one pass with the same bits.
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        let (x, shape) = rows::<Self>(x);
+        let (cos, _) = rows::<Self>(cos);
+        let (sin, _) = rows::<Self>(sin);
+        let rotated = float::<Self, 2>(Self::matmul(
+            primitive(x.clone()),
+            primitive(rotate_half_matrix::<Self>(x.dims()[1], &x.device())),
+        ));
+        let mut y = x * cos + rotated * sin;
+        if scale != 1.0 {
+            y = y * scale;
+        }
+        Self::float_reshape(primitive(y), shape)
+    }
+
+    /// The gradient of [`rope`](ModelBackend::rope) with respect to `x`,
+    /// given the output's gradient `grad`: what burn's autodiff derives from
+    /// the default's operations, `g * cos + rotate_half⁻¹(g * sin)` with
+    /// `g = grad * scale`.
+    fn rope_backward(
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        scale: f64,
+    ) -> FloatTensor<Self> {
+        let (mut grad, shape) = rows::<Self>(grad);
+        let (cos, _) = rows::<Self>(cos);
+        let (sin, _) = rows::<Self>(sin);
+        if scale != 1.0 {
+            grad = grad * scale;
+        }
+        let rotate = rotate_half_matrix::<Self>(grad.dims()[1], &grad.device());
+        let back = float::<Self, 2>(Self::matmul(
+            primitive(grad.clone() * sin),
+            primitive(rotate.transpose()),
+        ));
+        Self::float_reshape(primitive(grad * cos + back), shape)
+    }
+
     /// Softmax over the last dimension.
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = rows::<Self>(x);
@@ -438,6 +489,18 @@ where
 }
 
 /// `x` as a `[rows, last]` tensor, and its original shape.
+/// `rotate_half` as a matrix `R` (`[d, d]`): `(x R)[j] = -x[j + d/2]` for
+/// `j < d/2`, `x[j - d/2]` otherwise.
+fn rotate_half_matrix<B: Backend>(d: usize, device: &B::Device) -> Tensor<B, 2> {
+    let half = d / 2;
+    let mut rotate = vec![0.0f32; d * d];
+    for j in 0..half {
+        rotate[(j + half) * d + j] = -1.0;
+        rotate[j * d + j + half] = 1.0;
+    }
+    Tensor::from_data(TensorData::new(rotate, [d, d]), device)
+}
+
 fn rows<B: Backend>(x: FloatTensor<B>) -> (Tensor<B, 2>, Shape) {
     use burn::tensor::TensorMetadata;
     let shape = x.shape();
@@ -503,6 +566,29 @@ pub fn swiglu<B: ModelBackend, const D: usize>(
         "swiglu: gate and up must have the same shape"
     );
     float(B::swiglu(primitive(gate), primitive(up)))
+}
+
+/// Rotary position embedding ("rotate half"), then a scale:
+/// `(x * cos + rotate_half(x) * sin) * scale` (see [`ModelBackend::rope`]).
+///
+/// # Shapes
+/// - `x`, `cos`, `sin`: `[rows, head_dim]` (one row per token and head),
+///   `head_dim` even; returns the shape of `x`.
+pub fn rope<B: ModelBackend>(
+    x: Tensor<B, 2>,
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
+    scale: f64,
+) -> Tensor<B, 2> {
+    let [rows, d] = x.dims();
+    assert!(
+        d % 2 == 0 && cos.dims() == [rows, d] && sin.dims() == [rows, d],
+        "rope: x {:?}, cos {:?} and sin {:?} must have one shape with an even last dimension",
+        x.dims(),
+        cos.dims(),
+        sin.dims()
+    );
+    float(B::rope(primitive(x), primitive(cos), primitive(sin), scale))
 }
 
 /// Softmax over the last dimension.

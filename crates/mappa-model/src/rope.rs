@@ -19,17 +19,15 @@ pub struct Rope {
 
 /// Cosines and sines laid out to match a `[tokens * heads, head_dim]` view of
 /// projected queries or keys (rows ordered token-major, then head), so that
-/// rotation is two element-wise products and one small matmul, with no
+/// rotation ([`kernels::rope`]: one pass on the CPU backend) needs no
 /// broadcasting, slicing or concatenation (all slow on CPU backends).
 ///
 /// # Shapes
 /// - `cos`, `sin`: `[tokens * heads, head_dim]`
-/// - `rotate`: `[head_dim, head_dim]`
 #[derive(Debug, Clone)]
 pub struct RopeTables<B: Backend> {
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
-    rotate: Tensor<B, 2>,
 }
 
 impl Rope {
@@ -85,16 +83,9 @@ impl Rope {
                 sin.extend_from_slice(&sin_row);
             }
         }
-        // rotate_half as a matrix: (x R)[j] = -x[j + half] for j < half, x[j - half] otherwise.
-        let mut rotate = vec![0.0f32; dim * dim];
-        for j in 0..half {
-            rotate[(j + half) * dim + j] = -1.0;
-            rotate[j * dim + j + half] = 1.0;
-        }
         RopeTables {
             cos: Tensor::from_data(TensorData::new(cos, [rows, dim]), device),
             sin: Tensor::from_data(TensorData::new(sin, [rows, dim]), device),
-            rotate: Tensor::from_data(TensorData::new(rotate, [dim, dim]), device),
         }
     }
 }
@@ -105,8 +96,16 @@ impl<B: ModelBackend> RopeTables<B> {
     /// # Shapes
     /// - `x`: `[tokens * heads, head_dim]`; returns the same shape.
     pub fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let rotated = kernels::matmul(x.clone(), self.rotate.clone());
-        x * self.cos.clone() + rotated * self.sin.clone()
+        self.apply_scaled(x, 1.0)
+    }
+
+    /// Rotates `x`, then multiplies by `scale` (the attention's
+    /// `1/sqrt(head_dim)` on the queries), in one operation.
+    ///
+    /// # Shapes
+    /// - `x`: `[tokens * heads, head_dim]`; returns the same shape.
+    pub fn apply_scaled(&self, x: Tensor<B, 2>, scale: f64) -> Tensor<B, 2> {
+        kernels::rope(x, self.cos.clone(), self.sin.clone(), scale)
     }
 }
 

@@ -207,7 +207,7 @@ impl<B: ModelBackend> Attention<B> {
             q = qn.forward(q);
             k = kn.forward(k);
         }
-        let q = inputs.rope_q.apply(q) * (hd as f64).powf(-0.5);
+        let q = inputs.rope_q.apply_scaled(q, (hd as f64).powf(-0.5));
         let k = inputs.rope_k.apply(k);
         // Queries [b, kvh, rep, s, hd]; keys and values [b, kvh, s, hd].
         let q = kernels::permute_contiguous(q.reshape([b, s, kvh, rep, hd]), [0, 2, 3, 1, 4]);
