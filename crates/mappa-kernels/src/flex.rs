@@ -273,17 +273,7 @@ impl ModelBackend for Flex {
         sin: FloatTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let (x, shape) = contiguous(x);
-        let (cos, _) = contiguous(cos);
-        let (sin, _) = contiguous(sin);
-        let d = last_dim(&shape);
-        let mut out = vec![0.0; x.len()];
-        for_whole_rows(&mut out, d, |start, out| {
-            let end = start + out.len();
-            let (x, cos, sin) = (&x[start..end], &cos[start..end], &sin[start..end]);
-            rotate_rows(x, cos, sin, scale as f32, d, out, RotateHalf::Forward);
-        });
-        tensor(out, shape)
+        rope_pass(x, cos, sin, scale, RotateHalf::Forward)
     }
 
     fn rope_backward(
@@ -292,17 +282,7 @@ impl ModelBackend for Flex {
         sin: FloatTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let (grad, shape) = contiguous(grad);
-        let (cos, _) = contiguous(cos);
-        let (sin, _) = contiguous(sin);
-        let d = last_dim(&shape);
-        let mut out = vec![0.0; grad.len()];
-        for_whole_rows(&mut out, d, |start, out| {
-            let end = start + out.len();
-            let (grad, cos, sin) = (&grad[start..end], &cos[start..end], &sin[start..end]);
-            rotate_rows(grad, cos, sin, scale as f32, d, out, RotateHalf::Inverse);
-        });
-        tensor(out, shape)
+        rope_pass(grad, cos, sin, scale, RotateHalf::Inverse)
     }
 
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -622,6 +602,29 @@ fn for_whole_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Syn
     out.par_chunks_mut(chunk)
         .enumerate()
         .for_each(|(i, out)| f(i * chunk, out));
+}
+
+/// RoPE's forward (`turn` = [`RotateHalf::Forward`]) or backward pass over
+/// `y` (the input or the output's gradient), row by row in parallel; see
+/// [`rotate_rows`].
+fn rope_pass(
+    y: FloatTensor<Flex>,
+    cos: FloatTensor<Flex>,
+    sin: FloatTensor<Flex>,
+    scale: f64,
+    turn: RotateHalf,
+) -> FloatTensor<Flex> {
+    let (y, shape) = contiguous(y);
+    let (cos, _) = contiguous(cos);
+    let (sin, _) = contiguous(sin);
+    let d = last_dim(&shape);
+    let mut out = vec![0.0; y.len()];
+    for_whole_rows(&mut out, d, |start, out| {
+        let end = start + out.len();
+        let (y, cos, sin) = (&y[start..end], &cos[start..end], &sin[start..end]);
+        rotate_rows(y, cos, sin, scale as f32, d, out, turn);
+    });
+    tensor(out, shape)
 }
 
 /// Which way [`rotate_rows`] turns the halves of a row.
