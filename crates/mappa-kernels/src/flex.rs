@@ -578,23 +578,21 @@ const ELEMENTS_PER_TASK: usize = 1 << 14;
 /// `f(start, out_chunk)` over chunks of `out` (`start` is the chunk's first
 /// index), spread over threads when there is more than one chunk.
 fn for_elements(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
-    if out.len() <= ELEMENTS_PER_TASK {
-        f(0, out);
-        return;
-    }
-    out.par_chunks_mut(ELEMENTS_PER_TASK)
-        .enumerate()
-        .for_each(|(i, chunk)| f(i * ELEMENTS_PER_TASK, chunk));
+    for_chunks(out, ELEMENTS_PER_TASK, f);
 }
 
 /// `f(start, chunk)` over chunks of `out` that hold whole rows of `d`
 /// elements, about [`ELEMENTS_PER_TASK`] each, on rayon's threads when
 /// there is more than one chunk.
 fn for_whole_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    if d == 0 {
-        return;
+    if let Some(rows) = ELEMENTS_PER_TASK.checked_div(d) {
+        for_chunks(out, rows.max(1) * d, f);
     }
-    let chunk = (ELEMENTS_PER_TASK / d).max(1) * d;
+}
+
+/// `f(start, chunk)` over chunks of `chunk` elements of `out` (the last may
+/// be shorter), on rayon's threads when there is more than one.
+fn for_chunks(out: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     if out.len() <= chunk {
         f(0, out);
         return;
