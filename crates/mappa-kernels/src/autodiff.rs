@@ -519,9 +519,9 @@ mod tests {
         );
     }
 
-    /// SwiGLU's kernel gives the bits of burn's `silu(gate) * up`, forward
-    /// and backward (both sides of zero, and where `exp` overflows), so
-    /// models trained before it existed train the same.
+    /// RoPE's kernel gives the bits of the rotation-matrix product it
+    /// replaced, forward and backward, signed zeros included, so models
+    /// trained before it existed train the same.
     #[test]
     fn rope_is_the_rotation_matrix_product_bit_for_bit() {
         // Enough rows for two threads' chunks; zeros of both signs in the
@@ -581,6 +581,9 @@ mod tests {
         }
     }
 
+    /// SwiGLU's kernel gives the bits of burn's `silu(gate) * up`, forward
+    /// and backward (both sides of zero, and where `exp` overflows), so
+    /// models trained before it existed train the same.
     #[test]
     fn swiglu_is_burns_silu_times_up_bit_for_bit() {
         let mut gate = values(4 * 300, 7);

@@ -651,7 +651,12 @@ fn rotate_rows(
     turn: RotateHalf,
 ) {
     let half = d / 2;
-    let mut scaled = vec![0.0f32; d];
+    // The scaled gradient, which only the backward pass with a scale needs.
+    let mut scaled = if turn == RotateHalf::Inverse && scale != 1.0 {
+        vec![0.0f32; d]
+    } else {
+        Vec::new()
+    };
     let mut turned = vec![0.0f32; d];
     for (((y, cos), sin), out) in y
         .chunks(d)

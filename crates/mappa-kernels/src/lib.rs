@@ -488,7 +488,6 @@ where
 {
 }
 
-/// `x` as a `[rows, last]` tensor, and its original shape.
 /// `rotate_half` as a matrix `R` (`[d, d]`): `(x R)[j] = -x[j + d/2]` for
 /// `j < d/2`, `x[j - d/2]` otherwise.
 fn rotate_half_matrix<B: Backend>(d: usize, device: &B::Device) -> Tensor<B, 2> {
@@ -501,6 +500,7 @@ fn rotate_half_matrix<B: Backend>(d: usize, device: &B::Device) -> Tensor<B, 2> 
     Tensor::from_data(TensorData::new(rotate, [d, d]), device)
 }
 
+/// `x` as a `[rows, last]` tensor, and its original shape.
 fn rows<B: Backend>(x: FloatTensor<B>) -> (Tensor<B, 2>, Shape) {
     use burn::tensor::TensorMetadata;
     let shape = x.shape();
