@@ -56,6 +56,7 @@ use std::mem::MaybeUninit;
 use crate::expf::{libm_exp_in_place, sigmoid_into};
 
 mod copy;
+mod fresh;
 mod narrow;
 mod token;
 use crate::{AdamWStep, CausalMask, ModelBackend};
@@ -154,8 +155,7 @@ impl ModelBackend for Flex {
         let (x, shape) = contiguous(x);
         let gamma = contiguous(gamma).0;
         let d = gamma.len();
-        let mut out = vec![0.0; x.len()];
-        for_rows(&x, &mut out, d, |row, out| {
+        let out = fresh::rows(&x, d, |row, out| {
             let inv = inv_rms(row, epsilon);
             for ((o, &v), &g) in out.iter_mut().zip(row).zip(&gamma) {
                 *o = v * inv * g;
@@ -174,24 +174,18 @@ impl ModelBackend for Flex {
         let (grad, _) = contiguous(grad);
         let (gamma, gamma_shape) = contiguous(gamma);
         let d = gamma.len();
-        let mut dx = vec![0.0; x.len()];
-        dx.par_chunks_mut(d * ROWS_PER_TASK)
-            .zip(x.par_chunks(d * ROWS_PER_TASK))
-            .zip(grad.par_chunks(d * ROWS_PER_TASK))
-            .for_each(|((dx, x), grad)| {
-                let mut scaled = vec![0.0; d];
-                for ((dx, x), grad) in dx.chunks_mut(d).zip(x.chunks(d)).zip(grad.chunks(d)) {
-                    let inv = inv_rms(x, epsilon);
-                    for ((s, &g), &w) in scaled.iter_mut().zip(grad).zip(&gamma) {
-                        *s = g * w;
-                    }
-                    // d/dx_j of (x_i * inv) = inv δ_ij - inv³ x_i x_j / d
-                    let coef = inv * inv * inv * dot(&scaled, x) / d as f32;
-                    for ((o, &s), &v) in dx.iter_mut().zip(&scaled).zip(x) {
-                        *o = s * inv - v * coef;
-                    }
-                }
-            });
+        let dx = fresh::row_pairs(&x, &grad, d, |x, grad, dx| {
+            let inv = inv_rms(x, epsilon);
+            // The scaled gradient `grad * gamma` first, in the output row.
+            for ((s, &g), &w) in dx.iter_mut().zip(grad).zip(&gamma) {
+                *s = g * w;
+            }
+            // d/dx_j of (x_i * inv) = inv δ_ij - inv³ x_i x_j / d
+            let coef = inv * inv * inv * dot(dx, x) / d as f32;
+            for (o, &v) in dx.iter_mut().zip(x) {
+                *o = *o * inv - v * coef;
+            }
+        });
         // dgamma_i = Σ_rows grad_i x_i inv: blocks of rows in parallel, blocks added in order.
         let partials: Vec<Vec<f32>> = x
             .par_chunks(d * ROWS_PER_TASK)
@@ -219,8 +213,7 @@ impl ModelBackend for Flex {
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         let (gate, shape) = contiguous(gate);
         let (up, _) = contiguous(up);
-        let mut out = vec![0.0; gate.len()];
-        for_elements(&mut out, |start, out| {
+        let out = fresh::in_chunks(gate.len(), ELEMENTS_PER_TASK, |start, out| {
             let (gate, up) = (&gate[start..start + out.len()], &up[start..]);
             sigmoid_into(gate, out);
             for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
@@ -238,9 +231,10 @@ impl ModelBackend for Flex {
         let (gate, shape) = contiguous(gate);
         let (up, _) = contiguous(up);
         let (grad, _) = contiguous(grad);
-        let mut d_gate = vec![0.0; gate.len()];
-        let mut d_up = vec![0.0; gate.len()];
-        let backward = |start: usize, d_gate: &mut [f32], d_up: &mut [f32]| {
+        let n = gate.len();
+        let chunks = [ELEMENTS_PER_TASK; 2];
+        let [d_gate, d_up] = fresh::buffers([n, n], chunks, |task, [d_gate, d_up]| {
+            let start = task * ELEMENTS_PER_TASK;
             let gate = &gate[start..start + d_gate.len()];
             let (up, grad) = (&up[start..], &grad[start..]);
             // The sigmoids first (vectorised), then each element's terms.
@@ -254,16 +248,7 @@ impl ModelBackend for Flex {
                 *dg = d_silu * s + d_silu * g * s * (1.0 - s);
                 *du = dy * (g * s);
             }
-        };
-        if d_gate.len() <= ELEMENTS_PER_TASK {
-            backward(0, &mut d_gate, &mut d_up);
-        } else {
-            d_gate
-                .par_chunks_mut(ELEMENTS_PER_TASK)
-                .zip(d_up.par_chunks_mut(ELEMENTS_PER_TASK))
-                .enumerate()
-                .for_each(|(i, (dg, du))| backward(i * ELEMENTS_PER_TASK, dg, du));
-        }
+        });
         (tensor(d_gate, shape.clone()), tensor(d_up, shape))
     }
 
@@ -287,8 +272,7 @@ impl ModelBackend for Flex {
 
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = contiguous(x);
-        let mut out = vec![0.0; x.len()];
-        for_rows(&x, &mut out, last_dim(&shape), |row, out| {
+        let out = fresh::rows(&x, last_dim(&shape), |row, out| {
             let max = row_max(row);
             for (o, &v) in out.iter_mut().zip(row) {
                 *o = v - max;
@@ -306,8 +290,7 @@ impl ModelBackend for Flex {
         let (y, shape) = contiguous(y);
         let (grad, _) = contiguous(grad);
         let d = last_dim(&shape);
-        let mut out = vec![0.0; y.len()];
-        for_row_pairs(&y, &grad, &mut out, d, |y, grad, out| {
+        let out = fresh::row_pairs(&y, &grad, d, |y, grad, out| {
             let inner = dot(grad, y);
             for ((o, &p), &g) in out.iter_mut().zip(y).zip(grad) {
                 *o = p * (g - inner);
@@ -318,8 +301,7 @@ impl ModelBackend for Flex {
 
     fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = contiguous(x);
-        let mut out = vec![0.0; x.len()];
-        for_rows(&x, &mut out, last_dim(&shape), |row, out| {
+        let out = fresh::rows(&x, last_dim(&shape), |row, out| {
             let lse = log_sum_exp(row, out);
             for (o, &v) in out.iter_mut().zip(row) {
                 *o = v - lse;
@@ -335,8 +317,7 @@ impl ModelBackend for Flex {
         let (y, shape) = contiguous(y);
         let (grad, _) = contiguous(grad);
         let d = last_dim(&shape);
-        let mut out = vec![0.0; y.len()];
-        for_row_pairs(&y, &grad, &mut out, d, |y, grad, out| {
+        let out = fresh::row_pairs(&y, &grad, d, |y, grad, out| {
             let total = sum(grad);
             out.copy_from_slice(y);
             libm_exp_in_place(out);
@@ -417,38 +398,35 @@ impl ModelBackend for Flex {
         let (q, k, v): (&[f32], &[f32], &[f32]) = (&q, &k, &v);
         let [batch, heads, rows, d] = [q_shape[0], q_shape[1], q_shape[2], q_shape[3]];
         let keys = k_shape[2];
-        let mut out = vec![0.0; q.len()];
-        let mut lse = vec![0.0; batch * heads * rows];
-        out.par_chunks_mut(d * ROWS_PER_TASK)
-            .zip(lse.par_chunks_mut(ROWS_PER_TASK))
-            .enumerate()
-            .for_each(|(task, (out, lse))| {
-                let mut scores = vec![0.0f32; keys];
-                for (i, (out, lse)) in out.chunks_mut(d).zip(lse.iter_mut()).enumerate() {
-                    // Row `r` of head `bh` (batch row `bh / heads`).
-                    let row = task * ROWS_PER_TASK + i;
-                    let (bh, r) = (row / rows, row % rows);
-                    let seen = mask.keys(bh / heads, mask.column(r));
-                    let lo = *seen.start();
-                    let scores = &mut scores[..seen.count()];
-                    let query = &q[row * d..][..d];
-                    let key = |j: usize| &k[(bh * keys + lo + j) * d..][..d];
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        *s = dot(query, key(j));
-                    }
-                    let max = row_max(scores);
-                    for s in scores.iter_mut() {
-                        *s -= max;
-                    }
-                    libm_exp_in_place(scores);
-                    let total = sum(scores);
-                    out.fill(0.0);
-                    for (j, &e) in scores.iter().enumerate() {
-                        axpy(out, e / total, &v[(bh * keys + lo + j) * d..][..d]);
-                    }
-                    *lse = max + libm::logf(total);
+        let lens = [q.len(), batch * heads * rows];
+        let chunks = [d * ROWS_PER_TASK, ROWS_PER_TASK];
+        let [out, lse] = fresh::buffers(lens, chunks, |task, [out, lse]| {
+            let mut scores = vec![0.0f32; keys];
+            for (i, (out, lse)) in out.chunks_mut(d).zip(lse.iter_mut()).enumerate() {
+                // Row `r` of head `bh` (batch row `bh / heads`).
+                let row = task * ROWS_PER_TASK + i;
+                let (bh, r) = (row / rows, row % rows);
+                let seen = mask.keys(bh / heads, mask.column(r));
+                let lo = *seen.start();
+                let scores = &mut scores[..seen.count()];
+                let query = &q[row * d..][..d];
+                let key = |j: usize| &k[(bh * keys + lo + j) * d..][..d];
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = dot(query, key(j));
                 }
-            });
+                let max = row_max(scores);
+                for s in scores.iter_mut() {
+                    *s -= max;
+                }
+                libm_exp_in_place(scores);
+                let total = sum(scores);
+                out.fill(0.0);
+                for (j, &e) in scores.iter().enumerate() {
+                    axpy(out, e / total, &v[(bh * keys + lo + j) * d..][..d]);
+                }
+                *lse = max + libm::logf(total);
+            }
+        });
         let lse_shape = Shape::from(vec![batch, heads, rows]);
         (tensor(out, q_shape), tensor(lse, lse_shape))
     }
@@ -472,41 +450,36 @@ impl ModelBackend for Flex {
         let (out, lse, grad): (&[f32], &[f32], &[f32]) = (&out, &lse, &grad);
         let [heads, rows, d] = [q_shape[1], q_shape[2], q_shape[3]];
         let keys = k_shape[2];
-        let mut dq = vec![0.0; q.len()];
-        let mut dk = vec![0.0; k.len()];
-        let mut dv = vec![0.0; v.len()];
-        // One thread per key/value head: its keys' gradients add up over
-        // its query rows in order.
-        dq.par_chunks_mut(rows * d)
-            .zip(dk.par_chunks_mut(keys * d))
-            .zip(dv.par_chunks_mut(keys * d))
-            .enumerate()
-            .for_each(|(bh, ((dq, dk), dv))| {
-                let k = &k[bh * keys * d..][..keys * d];
-                let v = &v[bh * keys * d..][..keys * d];
-                let mut probabilities = vec![0.0f32; keys];
-                for (r, dq) in dq.chunks_mut(d).enumerate() {
-                    let row = bh * rows + r;
-                    let (query, g) = (&q[row * d..][..d], &grad[row * d..][..d]);
-                    // Σ_j p_j dp_j = g · out.
-                    let rowsum = dot(g, &out[row * d..][..d]);
-                    let seen = mask.keys(bh / heads, mask.column(r));
-                    let lo = *seen.start();
-                    let probabilities = &mut probabilities[..seen.clone().count()];
-                    for (j, p) in seen.clone().zip(probabilities.iter_mut()) {
-                        *p = dot(query, &k[j * d..][..d]) - lse[row];
-                    }
-                    libm_exp_in_place(probabilities);
-                    for j in seen {
-                        let (key, value) = (&k[j * d..][..d], &v[j * d..][..d]);
-                        let p = probabilities[j - lo];
-                        axpy(&mut dv[j * d..][..d], p, g);
-                        let ds = p * (dot(g, value) - rowsum);
-                        axpy(dq, ds, key);
-                        axpy(&mut dk[j * d..][..d], ds, query);
-                    }
+        // One task per key/value head: its keys' gradients add up over its
+        // query rows in order.
+        let lens = [q.len(), k.len(), v.len()];
+        let chunks = [rows * d, keys * d, keys * d];
+        let [dq, dk, dv] = fresh::buffers(lens, chunks, |bh, [dq, dk, dv]| {
+            let k = &k[bh * keys * d..][..keys * d];
+            let v = &v[bh * keys * d..][..keys * d];
+            let mut probabilities = vec![0.0f32; keys];
+            for (r, dq) in dq.chunks_mut(d).enumerate() {
+                let row = bh * rows + r;
+                let (query, g) = (&q[row * d..][..d], &grad[row * d..][..d]);
+                // Σ_j p_j dp_j = g · out.
+                let rowsum = dot(g, &out[row * d..][..d]);
+                let seen = mask.keys(bh / heads, mask.column(r));
+                let lo = *seen.start();
+                let probabilities = &mut probabilities[..seen.clone().count()];
+                for (j, p) in seen.clone().zip(probabilities.iter_mut()) {
+                    *p = dot(query, &k[j * d..][..d]) - lse[row];
                 }
-            });
+                libm_exp_in_place(probabilities);
+                for j in seen {
+                    let (key, value) = (&k[j * d..][..d], &v[j * d..][..d]);
+                    let p = probabilities[j - lo];
+                    axpy(&mut dv[j * d..][..d], p, g);
+                    let ds = p * (dot(g, value) - rowsum);
+                    axpy(dq, ds, key);
+                    axpy(&mut dk[j * d..][..d], ds, query);
+                }
+            }
+        });
         (
             tensor(dq, q_shape),
             tensor(dk, k_shape.clone()),
@@ -575,33 +548,6 @@ fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
 /// Elements handled by one rayon task in the element-wise kernels.
 const ELEMENTS_PER_TASK: usize = 1 << 14;
 
-/// `f(start, out_chunk)` over chunks of `out` (`start` is the chunk's first
-/// index), spread over threads when there is more than one chunk.
-fn for_elements(out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
-    for_chunks(out, ELEMENTS_PER_TASK, f);
-}
-
-/// `f(start, chunk)` over chunks of `out` that hold whole rows of `d`
-/// elements, about [`ELEMENTS_PER_TASK`] each, on rayon's threads when
-/// there is more than one chunk.
-fn for_whole_rows(out: &mut [f32], d: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    if let Some(rows) = ELEMENTS_PER_TASK.checked_div(d) {
-        for_chunks(out, rows.max(1) * d, f);
-    }
-}
-
-/// `f(start, chunk)` over chunks of `chunk` elements of `out` (the last may
-/// be shorter), on rayon's threads when there is more than one.
-fn for_chunks(out: &mut [f32], chunk: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    if out.len() <= chunk {
-        f(0, out);
-        return;
-    }
-    out.par_chunks_mut(chunk)
-        .enumerate()
-        .for_each(|(i, out)| f(i * chunk, out));
-}
-
 /// RoPE's forward (`turn` = [`RotateHalf::Forward`]) or backward pass over
 /// `y` (the input or the output's gradient), row by row in parallel; see
 /// [`rotate_rows`].
@@ -616,8 +562,8 @@ fn rope_pass(
     let (cos, _) = contiguous(cos);
     let (sin, _) = contiguous(sin);
     let d = last_dim(&shape);
-    let mut out = vec![0.0; y.len()];
-    for_whole_rows(&mut out, d, |start, out| {
+    let rows_per_task = (ELEMENTS_PER_TASK / d.max(1)).max(1);
+    let out = fresh::in_chunks(y.len(), rows_per_task * d, |start, out| {
         let end = start + out.len();
         let (y, cos, sin) = (&y[start..end], &cos[start..end], &sin[start..end]);
         rotate_rows(y, cos, sin, scale as f32, d, out, turn);
@@ -730,56 +676,6 @@ fn inv_rms(row: &[f32], epsilon: f64) -> f32 {
     1.0 / (mean + epsilon as f32).sqrt()
 }
 
-/// `f(row, out_row)` for each row of `d` elements, rows spread over threads
-/// (on the calling thread when they fit one task: handing a small job to
-/// rayon's pool from outside it costs two thread switches).
-fn for_rows(x: &[f32], out: &mut [f32], d: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) {
-    if d == 0 {
-        return;
-    }
-    if out.len() <= d * ROWS_PER_TASK {
-        for (out, row) in out.chunks_mut(d).zip(x.chunks(d)) {
-            f(row, out);
-        }
-        return;
-    }
-    out.par_chunks_mut(d * ROWS_PER_TASK)
-        .zip(x.par_chunks(d * ROWS_PER_TASK))
-        .for_each(|(out, x)| {
-            for (out, row) in out.chunks_mut(d).zip(x.chunks(d)) {
-                f(row, out);
-            }
-        });
-}
-
-/// `f(a_row, b_row, out_row)` for each row of `d` elements (threads as in
-/// [`for_rows`]).
-fn for_row_pairs(
-    a: &[f32],
-    b: &[f32],
-    out: &mut [f32],
-    d: usize,
-    f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
-) {
-    if d == 0 {
-        return;
-    }
-    if out.len() <= d * ROWS_PER_TASK {
-        for ((out, a), b) in out.chunks_mut(d).zip(a.chunks(d)).zip(b.chunks(d)) {
-            f(a, b, out);
-        }
-        return;
-    }
-    out.par_chunks_mut(d * ROWS_PER_TASK)
-        .zip(a.par_chunks(d * ROWS_PER_TASK))
-        .zip(b.par_chunks(d * ROWS_PER_TASK))
-        .for_each(|((out, a), b)| {
-            for ((out, a), b) in out.chunks_mut(d).zip(a.chunks(d)).zip(b.chunks(d)) {
-                f(a, b, out);
-            }
-        });
-}
-
 fn last_dim(shape: &Shape) -> usize {
     shape.last().copied().unwrap_or(1)
 }
@@ -853,14 +749,11 @@ fn widen_bf16(x: FlexTensor) -> FlexTensor {
     let x = x.to_contiguous();
     let start = x.layout().start_offset();
     let source = &x.storage::<burn::tensor::bf16>()[start..start + shape.num_elements()];
-    let mut out = vec![0.0f32; source.len()];
-    out.par_chunks_mut(ELEMENTS_PER_TASK)
-        .zip(source.par_chunks(ELEMENTS_PER_TASK))
-        .for_each(|(out, source)| {
-            for (o, &b) in out.iter_mut().zip(source) {
-                *o = f32::from_bits(u32::from(b.to_bits()) << 16);
-            }
-        });
+    let out = fresh::in_chunks(source.len(), ELEMENTS_PER_TASK, |start, out| {
+        for (o, &b) in out.iter_mut().zip(&source[start..]) {
+            *o = f32::from_bits(u32::from(b.to_bits()) << 16);
+        }
+    });
     tensor(out, shape)
 }
 

@@ -3,10 +3,13 @@
 //! one element at a time through its strided iterator; attention's
 //! `[batch, heads, seq, head_dim]` permutations are such layouts, but their
 //! last dimension is contiguous, so they are copied here a row at a time.
-//! A copy moves values without arithmetic: the bits are those of the view.
+//! Rows are copied in parallel, a task's rows at a time. A copy moves
+//! values without arithmetic: the bits are those of the view.
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, TensorMetadata};
+
+use super::{fresh, ELEMENTS_PER_TASK};
 
 /// The most dimensions the row copy handles (burn's tensors have at most 8).
 const MAX_RANK: usize = 8;
@@ -30,26 +33,37 @@ pub(super) fn to_contiguous(x: &FlexTensor) -> FlexTensor {
     if rank <= 2 || strides[rank - 1] != 1 {
         return x.to_contiguous();
     }
-    let src = x.storage::<f32>();
+    let (src, start) = (x.storage::<f32>(), layout.start_offset() as isize);
     let run = shape[rank - 1];
-    let mut dst = Vec::with_capacity(n);
-    // Odometer over the outer dimensions; `at` is the source offset of the
-    // current row.
-    let mut index = [0usize; MAX_RANK];
-    let mut at = layout.start_offset() as isize;
-    for _ in 0..n / run {
-        let start = at as usize;
-        dst.extend_from_slice(&src[start..start + run]);
+    // Whole rows per task, about `ELEMENTS_PER_TASK` elements each.
+    let rows_per_task = (ELEMENTS_PER_TASK / run).max(1);
+    let chunk = rows_per_task * run;
+    let (shape, strides) = (&shape, &strides);
+    let dst = fresh::copied(n, chunk, |first| {
+        // Odometer over the outer dimensions, from the task's first row;
+        // `at` is the source offset of the current row.
+        let mut index = [0usize; MAX_RANK];
+        let (mut at, mut row) = (start, first / run);
         for d in (0..rank - 1).rev() {
-            index[d] += 1;
-            at += strides[d];
-            if index[d] < shape[d] {
-                break;
-            }
-            at -= strides[d] * shape[d] as isize;
-            index[d] = 0;
+            index[d] = row % shape[d];
+            row /= shape[d];
+            at += index[d] as isize * strides[d];
         }
-    }
+        let rows = chunk.min(n - first) / run;
+        (0..rows).map(move |_| {
+            let from = at as usize;
+            for d in (0..rank - 1).rev() {
+                index[d] += 1;
+                at += strides[d];
+                if index[d] < shape[d] {
+                    break;
+                }
+                at -= strides[d] * shape[d] as isize;
+                index[d] = 0;
+            }
+            &src[from..from + run]
+        })
+    });
     FlexTensor::new(
         Bytes::from_elems(dst),
         Layout::contiguous(x.shape()),
@@ -102,12 +116,22 @@ mod tests {
         x.storage::<f32>().to_vec()
     }
 
-    #[test]
-    fn permuted_views_copy_as_burn_flex_does() {
-        let shape = [2, 3, 2, 2, 4];
+    fn ramp(shape: [usize; 5]) -> Tensor<B, 5> {
         let n: usize = shape.iter().product();
         let data: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 7.0).collect();
-        let x = Tensor::<B, 5>::from_data(TensorData::new(data, shape), &Default::default());
+        Tensor::<B, 5>::from_data(TensorData::new(data, shape), &Default::default())
+    }
+
+    #[test]
+    fn permuted_views_copy_as_burn_flex_does() {
+        // Large enough to be split into tasks (rows of 33 elements, so a
+        // task's first row starts mid-way through the outer dimensions).
+        let large = ramp([2, 40, 4, 4, 33]);
+        for axes in [[0, 2, 3, 1, 4], [0, 3, 1, 2, 4]] {
+            let view = flex(large.clone().permute(axes));
+            assert_eq!(values(&to_contiguous(&view)), values(&view.to_contiguous()));
+        }
+        let x = ramp([2, 3, 2, 2, 4]);
         for axes in [
             [0, 2, 3, 1, 4],
             [0, 3, 1, 2, 4],

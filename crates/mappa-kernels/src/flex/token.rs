@@ -24,7 +24,7 @@ use burn::tensor::{Shape, TensorMetadata};
 use rayon::prelude::*;
 
 use super::{
-    contiguous, copy, f32_tensor, ids_below, log_sum_exp, tensor, writable, ROWS_PER_TASK,
+    contiguous, copy, f32_tensor, fresh, ids_below, log_sum_exp, tensor, writable, ROWS_PER_TASK,
 };
 use crate::expf::libm_exp_in_place;
 
@@ -34,25 +34,16 @@ pub(super) fn forward(logits: FlexTensor, targets: FlexTensor) -> (FlexTensor, F
     let rows = Rows::new(logits);
     let ids = target_ids(targets, &rows);
     let n = rows.offsets.len();
-    let (mut picked, mut lse) = (vec![0.0f32; n], vec![0.0f32; n]);
-    let task = |first: usize, picked: &mut [f32], lse: &mut [f32]| {
+    let chunks = [ROWS_PER_TASK; 2];
+    let [picked, lse] = fresh::buffers([n, n], chunks, |task, [picked, lse]| {
         let mut exps = vec![0.0f32; rows.width];
         for (i, (picked, lse)) in picked.iter_mut().zip(lse.iter_mut()).enumerate() {
-            let r = first + i;
+            let r = task * ROWS_PER_TASK + i;
             let row = rows.row(r);
             *lse = log_sum_exp(row, &mut exps);
             *picked = row[ids[r]] - *lse;
         }
-    };
-    if n <= ROWS_PER_TASK {
-        task(0, &mut picked, &mut lse);
-    } else {
-        picked
-            .par_chunks_mut(ROWS_PER_TASK)
-            .zip(lse.par_chunks_mut(ROWS_PER_TASK))
-            .enumerate()
-            .for_each(|(t, (picked, lse))| task(t * ROWS_PER_TASK, picked, lse));
-    }
+    });
     let leading = rows.leading_shape();
     (tensor(picked, leading.clone()), tensor(lse, leading))
 }
