@@ -49,7 +49,9 @@ pub(super) fn copied<'a, S: Iterator<Item = &'a [f32]>>(
     let fill = |task: usize, [out]: [&mut [MaybeUninit<f32>]; 1]| {
         let mut filled = 0;
         for source in sources(task * chunk) {
-            out[filled..filled + source.len()].write_copy_of_slice(source);
+            for (o, &v) in out[filled..filled + source.len()].iter_mut().zip(source) {
+                o.write(v);
+            }
             filled += source.len();
         }
         assert_eq!(filled, out.len(), "fresh copy: sources of the wrong length");
