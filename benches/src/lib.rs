@@ -147,14 +147,17 @@ pub fn to_tensor<B: Backend>(ids: &[Vec<u32>], device: &B::Device) -> Tensor<B, 
     Tensor::from_data(TensorData::new(flat, [ids.len(), cols]), device)
 }
 
-/// Full-sequence logits, synchronised (the result is read back to the host).
+/// Full-sequence logits, synchronised (the result is read back to the host);
+/// run as one step ([`kernels::run_step`]), as mappa's forward passes are.
 pub fn forward<B: ModelBackend>(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>) -> f32 {
-    let logits = model.forward(tokens.clone());
-    let [b, s, v] = logits.dims();
-    logits
-        .slice([b - 1..b, s - 1..s, v - 1..v])
-        .into_scalar()
-        .elem()
+    B::run_step(|| {
+        let logits = model.forward(tokens.clone());
+        let [b, s, v] = logits.dims();
+        logits
+            .slice([b - 1..b, s - 1..s, v - 1..v])
+            .into_scalar()
+            .elem()
+    })
 }
 
 /// A model and its Adam optimiser (betas 0.9, 0.95, no weight decay): the
@@ -187,8 +190,14 @@ impl<B: AutodiffModelBackend> Trainer<B> {
         }
     }
 
-    /// One step of next-token training on `tokens`; returns the loss.
+    /// One step of next-token training on `tokens`; returns the loss. Run
+    /// as one step ([`kernels::run_step`]), as the learner's are.
     pub fn step(&mut self, tokens: &Tensor<B, 2, Int>) -> f32 {
+        B::run_step(|| self.step_here(tokens))
+    }
+
+    /// [`step`](Self::step) on the calling thread.
+    fn step_here(&mut self, tokens: &Tensor<B, 2, Int>) -> f32 {
         let [b, s] = tokens.dims();
         let logits = self.model().forward(tokens.clone());
         // Every position's next token, the last position's a placeholder

@@ -16,6 +16,10 @@ use super::{CausalMask, ModelBackend};
 impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
     const ONE_DEVICE: bool = B::ONE_DEVICE;
 
+    fn run_step<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        B::run_step(f)
+    }
+
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct Matmul;

@@ -58,6 +58,7 @@ use crate::expf::{libm_exp_in_place, sigmoid_into};
 mod copy;
 mod fresh;
 mod narrow;
+mod steps;
 mod token;
 use crate::{AdamWStep, CausalMask, ModelBackend};
 
@@ -80,6 +81,10 @@ const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
 
 impl ModelBackend for Flex {
     const ONE_DEVICE: bool = true;
+
+    fn run_step<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        steps::run(f)
+    }
 
     fn permute_contiguous(x: FloatTensor<Self>, axes: &[usize]) -> FloatTensor<Self> {
         copy::to_contiguous(&f32_tensor(x).permute(axes))

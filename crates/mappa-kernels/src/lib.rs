@@ -50,6 +50,15 @@ pub trait ModelBackend: Backend {
     /// another index's device is refused.
     const ONE_DEVICE: bool = false;
 
+    /// Runs `f`, one whole step of work on this backend (a generation, a
+    /// forward pass, a training step), where its operations run fastest:
+    /// on the calling thread by default; the CPU backend runs it on a
+    /// thread of a kernel pool of its own (`flex/steps.rs`). Where it runs
+    /// changes no result.
+    fn run_step<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+        f()
+    }
+
     /// `lhs @ rhs` over the last two dimensions; the leading (batch)
     /// dimensions must be equal (no broadcasting).
     fn matmul(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -412,6 +421,13 @@ pub trait ModelBackend: Backend {
         let slices: Vec<burn::tensor::Slice> = ranges.iter().cloned().map(Into::into).collect();
         Self::float_slice_assign(tensor, &slices, value)
     }
+}
+
+/// Runs `f`, one whole step of work on `B` (a generation, a forward pass,
+/// a training step), where `B`'s operations run fastest; see
+/// [`ModelBackend::run_step`].
+pub fn run_step<B: ModelBackend, R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    B::run_step(f)
 }
 
 /// `tensor[ranges] = value`, in place when `tensor` is the only owner of its

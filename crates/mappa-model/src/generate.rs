@@ -84,6 +84,17 @@ pub fn generate<B: ModelBackend>(
 ) -> Result<Vec<Generation>> {
     let prompts: Vec<&[u32]> = prompts.iter().map(AsRef::as_ref).collect();
     check_inputs(model, tokenizer, &prompts, rngs, config)?;
+    B::run_step(|| generate_checked(model, tokenizer, &prompts, rngs, config))
+}
+
+/// [`generate`] on inputs [`check_inputs`] accepted.
+fn generate_checked<B: ModelBackend>(
+    model: &Transformer<B>,
+    tokenizer: Option<&dyn Tokenizer>,
+    prompts: &[&[u32]],
+    rngs: &mut [RngStream],
+    config: &GenerationConfig,
+) -> Result<Vec<Generation>> {
     let batch = prompts.len();
     if batch == 0 {
         return Ok(Vec::new());

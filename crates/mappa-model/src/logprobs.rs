@@ -51,9 +51,11 @@ pub fn completion_logprobs<B: ModelBackend>(
     temperature: f32,
 ) -> Result<CompletionLogprobs<B>> {
     let layout = PairLayout::new(model, pairs, temperature)?;
-    let device = model.device();
-    let hidden = model.forward_hidden(layout.input(&device), &layout.window(), None);
-    Ok(layout.logprobs(model, hidden, temperature))
+    Ok(B::run_step(|| {
+        let device = model.device();
+        let hidden = model.forward_hidden(layout.input(&device), &layout.window(), None);
+        layout.logprobs(model, hidden, temperature)
+    }))
 }
 
 /// The loss `loss(completion_logprobs(model, pairs, temperature))` and its

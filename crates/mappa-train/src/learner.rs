@@ -290,6 +290,15 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         loss_config: &LossConfig,
     ) -> Result<StepMetrics, TrainError> {
         self.check_lengths(samples)?;
+        B::run_step(|| self.train_step_checked(samples, loss_config))
+    }
+
+    /// [`train_step`](Self::train_step) on samples whose lengths are checked.
+    fn train_step_checked(
+        &mut self,
+        samples: &[TrainSample],
+        loss_config: &LossConfig,
+    ) -> Result<StepMetrics, TrainError> {
         let lr = learning_rate(&self.config, self.step);
         let mut metrics = self.sample_metrics(samples, lr);
         let tokens = metrics.tokens;
