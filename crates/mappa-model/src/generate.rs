@@ -382,6 +382,40 @@ mod tests {
         assert_ne!(other, a);
     }
 
+    /// Where a generation runs (the CPU backend's step pool, or a thread of
+    /// a one-thread pool, where it runs in place with every kernel on that
+    /// thread) changes no bit of its tokens or log-probs.
+    #[test]
+    fn where_a_generation_runs_changes_no_bit() {
+        let m = model();
+        let mut config = GenerationConfig::greedy(12);
+        config.sampling = SamplingConfig {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+        };
+        let prompts = vec![vec![1, 2, 3], vec![7, 5, 3, 1, 2]];
+        let run = || {
+            let mut rngs: Vec<_> = (0..2).map(RngStream::from_u64).collect();
+            generate(&m, None, &prompts, &mut rngs, &config).unwrap()
+        };
+        let bits = |gs: Vec<Generation>| -> Vec<(Vec<u32>, Vec<u32>)> {
+            gs.into_iter()
+                .map(|g| {
+                    (
+                        g.token_ids,
+                        g.logprobs.iter().map(|l| l.to_bits()).collect(),
+                    )
+                })
+                .collect()
+        };
+        let one_thread = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(bits(run()), bits(one_thread.install(run)));
+    }
+
     #[test]
     fn eos_stops_a_row_and_keeps_the_id() {
         let m = model();
