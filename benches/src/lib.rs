@@ -148,7 +148,7 @@ pub fn to_tensor<B: Backend>(ids: &[Vec<u32>], device: &B::Device) -> Tensor<B, 
 }
 
 /// Full-sequence logits, synchronised (the result is read back to the host);
-/// run as one step ([`kernels::run_step`]), as mappa's forward passes are.
+/// run as one step ([`ModelBackend::run_step`]), as mappa's forward passes are.
 pub fn forward<B: ModelBackend>(model: &Transformer<B>, tokens: &Tensor<B, 2, Int>) -> f32 {
     B::run_step(|| {
         let logits = model.forward(tokens.clone());
@@ -191,7 +191,7 @@ impl<B: AutodiffModelBackend> Trainer<B> {
     }
 
     /// One step of next-token training on `tokens`; returns the loss. Run
-    /// as one step ([`kernels::run_step`]), as the learner's are.
+    /// as one step ([`ModelBackend::run_step`]), as the learner's are.
     pub fn step(&mut self, tokens: &Tensor<B, 2, Int>) -> f32 {
         B::run_step(|| self.step_here(tokens))
     }

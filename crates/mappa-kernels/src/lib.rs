@@ -423,13 +423,6 @@ pub trait ModelBackend: Backend {
     }
 }
 
-/// Runs `f`, one whole step of work on `B` (a generation, a forward pass,
-/// a training step), where `B`'s operations run fastest; see
-/// [`ModelBackend::run_step`].
-pub fn run_step<B: ModelBackend, R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    B::run_step(f)
-}
-
 /// `tensor[ranges] = value`, in place when `tensor` is the only owner of its
 /// buffer ([`ModelBackend::write_slice`]).
 ///

@@ -389,11 +389,7 @@ mod tests {
     fn where_a_generation_runs_changes_no_bit() {
         let m = model();
         let mut config = GenerationConfig::greedy(12);
-        config.sampling = SamplingConfig {
-            temperature: 0.8,
-            top_k: 0,
-            top_p: 1.0,
-        };
+        config.sampling = SamplingConfig::with_temperature(0.8);
         let prompts = vec![vec![1, 2, 3], vec![7, 5, 3, 1, 2]];
         let run = || {
             let mut rngs: Vec<_> = (0..2).map(RngStream::from_u64).collect();

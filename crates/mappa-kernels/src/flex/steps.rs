@@ -7,9 +7,10 @@
 //! caller's serial work between operations. A step run on one of the
 //! pool's own threads splits its operations as rayon does inside a pool:
 //! that thread works on the tasks itself while the others steal, and
-//! nobody sleeps between operations. Measured in `docs/speed.md`, steps
-//! interleaved one by one in one process: about +5% for the 1m training
-//! step and +26-34% for generation at 1m and 25m.
+//! nobody sleeps between operations. Measured in
+//! `docs/experiments/speed.md`, steps interleaved one by one in one process:
+//! about +7% for the 1m training step and +22-30% for generation at 1m and
+//! 25m.
 //!
 //! The pool is mappa's own, not rayon's global one, and hosts one step at a
 //! time. Two steps on one pool can deadlock: a worker waiting for its own
