@@ -156,6 +156,31 @@ bench-vs-torch *ARGS: setup-torch models
     done
     (IFS=,; {{python}} benches/compare.py "${burn[*]}" "${torch[*]}")
 
+# The matrix products of a training step, mappa's CPU matrix product against PyTorch's (2 threads): each linear layer's forward, input-gradient and weight-gradient product in the layout mappa computes it in, for 1m, 25m and SmolLM2 at batch 8 (`--configs` picks some; smol-b8 installs the model), BENCH_RUNS (default 3) runs each side, alternating, on BENCH_THREADS threads each (default 2; 1 separates the kernels from their threading); GFLOP/s per product and for the step's products together (about 2 minutes without SmolLM2).
+bench-matmul *ARGS: setup-torch
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p target/bench
+    runs="${BENCH_RUNS:-3}" threads="${BENCH_THREADS:-2}" configs="1m,25m,smol-b8" rest=()
+    set -- {{ARGS}}
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --configs) configs="$2"; shift 2 ;;
+            --configs=*) configs="${1#*=}"; shift ;;
+            *) rest+=("$1"); shift ;;
+        esac
+    done
+    case ",$configs," in *,smol-*) just models ;; esac
+    cargo build --release --locked -p mappa-benches --bin matmul_bench
+    burn=() torch=()
+    for i in $(seq 1 "$runs"); do
+        echo "== run $i of $runs ($configs, $threads threads): burn, then PyTorch"
+        RAYON_NUM_THREADS="$threads" target/release/matmul_bench --configs "$configs" --out "target/bench/matmul-burn-$i.json" "${rest[@]}" > /dev/null
+        {{python}} benches/torch_matmul.py --threads "$threads" --shapes "target/bench/matmul-burn-$i.json" --out "target/bench/matmul-torch-$i.json" "${rest[@]}"
+        burn+=("target/bench/matmul-burn-$i.json") torch+=("target/bench/matmul-torch-$i.json")
+    done
+    (IFS=,; {{python}} benches/compare.py --metric gflop_per_s "${burn[*]}" "${torch[*]}")
+
 # burn's CPU backends side by side: flex (the default) against ndarray.
 bench-backends *ARGS:
     mkdir -p target/bench

@@ -4,14 +4,15 @@
 (`just bench-backends`).
 
 Usage:
-  python benches/compare.py A.json B.json
+  python benches/compare.py [--metric gflop_per_s] A.json B.json
   python benches/compare.py A1.json,A2.json,A3.json B1.json,B2.json,B3.json
 
 Each side is one results file, or several comma-separated files from repeated
 runs (run i of A alternated with run i of B, so paired runs saw the same
 machine state). Every file holds a JSON list of records with (at least) the
 keys "impl", "config", "workload", "tokens_per_s" (the schema written by
-benches/torch_bench.py). Rows are matched on (config, workload) and printed
+benches/torch_bench.py), or "gflop_per_s" instead of "tokens_per_s" with
+`--metric gflop_per_s` (matrix products: `just bench-matmul`). Rows are matched on (config, workload) and printed
 to stdout as a markdown table: each side's median throughput over its runs
 with the range (min-max), and the ratio A/B (> 1 means A is faster) as the
 median of the per-run ratios with their range. The columns are named after
@@ -26,7 +27,9 @@ import json
 import statistics
 import sys
 
-REQUIRED_KEYS = ("config", "workload", "tokens_per_s")
+# The compared quantity (higher is faster): its record key and its unit.
+METRICS = {"tokens_per_s": "tok/s", "gflop_per_s": "GFLOP/s"}
+METRIC = "tokens_per_s"
 
 
 def die(msg: str) -> None:
@@ -47,7 +50,7 @@ def load(path: str) -> dict:
     for i, rec in enumerate(data):
         if not isinstance(rec, dict):
             die(f"{path}: record {i} is not an object")
-        missing = [k for k in REQUIRED_KEYS if k not in rec]
+        missing = [k for k in ("config", "workload", METRIC) if k not in rec]
         if missing:
             die(f"{path}: record {i} lacks key(s) {missing}")
         key = (rec["config"], rec["workload"])
@@ -84,9 +87,15 @@ def spread(values: list, fmt) -> str:
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
-        die("usage: python benches/compare.py A.json[,A2.json...] B.json[,B2.json...]")
-    a_runs, b_runs = load_runs(sys.argv[1]), load_runs(sys.argv[2])
+    global METRIC
+    argv = sys.argv[1:]
+    if len(argv) == 4 and argv[0] == "--metric":
+        METRIC, argv = argv[1], argv[2:]
+        if METRIC not in METRICS:
+            die(f"--metric {METRIC!r}: expected one of {', '.join(METRICS)}")
+    if len(argv) != 2:
+        die("usage: python benches/compare.py [--metric gflop_per_s] A.json[,A2.json...] B.json[,B2.json...]")
+    a_runs, b_runs = load_runs(argv[0]), load_runs(argv[1])
     if len(a_runs) != len(b_runs):
         die(f"{len(a_runs)} runs of A but {len(b_runs)} of B: the runs are compared in pairs")
     a_path, a = a_runs[0]
@@ -114,11 +123,12 @@ def main() -> None:
     if runs > 1:
         print(f"{runs} runs each, alternating; median (min-max) over the runs, "
               f"the ratio per pair of runs.\n")
-    print(f"| config | workload | {name_a} tok/s | {name_b} tok/s | {name_a}/{name_b} |")
+    unit = METRICS[METRIC]
+    print(f"| config | workload | {name_a} {unit} | {name_b} {unit} | {name_a}/{name_b} |")
     print("|---|---|---:|---:|---:|")
     for key in a:
-        a_tps = [float(rows[key]["tokens_per_s"]) for _, rows in a_runs]
-        b_tps = [float(rows[key]["tokens_per_s"]) for _, rows in b_runs]
+        a_tps = [float(rows[key][METRIC]) for _, rows in a_runs]
+        b_tps = [float(rows[key][METRIC]) for _, rows in b_runs]
         if any(x <= 0 for x in b_tps):
             ratio = "n/a"
         else:

@@ -6,9 +6,13 @@
 //! the real SmolLM2-135M-Instruct (from `just models`) at batch 1 and 8, and
 //! three workloads: a full forward pass, a training step (forward, next-token
 //! cross-entropy, backward, Adam), and greedy KV-cache generation. Shapes and
-//! hyper-parameters match `torch_bench.py` exactly.
+//! hyper-parameters match `torch_bench.py` exactly. [`products`] lists a
+//! training step's matrix products, which `matmul_bench` and
+//! `torch_matmul.py` time on their own (`just bench-matmul`).
 
 #![warn(missing_docs)]
+
+pub mod products;
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -130,6 +134,22 @@ impl std::str::FromStr for BenchConfig {
                 format!("unknown config {s:?}; expected one of {}", names.join(", "))
             })
     }
+}
+
+/// The median wall time of `iters` runs of `f`, after `warmup` untimed runs.
+pub fn median_seconds(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..warmup {
+        f();
+    }
+    let mut times: Vec<f64> = (0..iters)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// Token ids `[rows, cols]` drawn uniformly from the vocabulary with a fixed seed.

@@ -2,8 +2,6 @@
 //! `torch_bench.py`, for `benches/compare.py` (run by `just bench-vs-torch`)
 //! and for the CPU backend comparison (`just bench-backends`).
 
-use std::time::Instant;
-
 use clap::Parser;
 use mappa_benches::*;
 use mappa_model::weights::load_transformer;
@@ -51,21 +49,6 @@ fn iterations(config: BenchConfig, workload: &str, quick: bool) -> (usize, usize
 
 /// A named workload, the tokens one run of it processes, and the run itself.
 type Workload<'a> = (&'static str, usize, Box<dyn FnMut() + 'a>);
-
-fn median_seconds(warmup: usize, iters: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..warmup {
-        f();
-    }
-    let mut times: Vec<f64> = (0..iters)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
-}
 
 /// The inference model and the trainer of `config`: random weights, or the
 /// real model loaded twice (the trainer's copy changes as it trains).
