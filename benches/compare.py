@@ -29,7 +29,6 @@ import sys
 
 # The compared quantity (higher is faster): its record key and its unit.
 METRICS = {"tokens_per_s": "tok/s", "gflop_per_s": "GFLOP/s"}
-METRIC = "tokens_per_s"
 
 
 def die(msg: str) -> None:
@@ -37,7 +36,7 @@ def die(msg: str) -> None:
     sys.exit(1)
 
 
-def load(path: str) -> dict:
+def load(path: str, metric: str) -> dict:
     """Load a results file into {(config, workload): record}, preserving order."""
     try:
         with open(path) as f:
@@ -50,7 +49,7 @@ def load(path: str) -> dict:
     for i, rec in enumerate(data):
         if not isinstance(rec, dict):
             die(f"{path}: record {i} is not an object")
-        missing = [k for k in ("config", "workload", METRIC) if k not in rec]
+        missing = [k for k in ("config", "workload", metric) if k not in rec]
         if missing:
             die(f"{path}: record {i} lacks key(s) {missing}")
         key = (rec["config"], rec["workload"])
@@ -60,12 +59,12 @@ def load(path: str) -> dict:
     return rows
 
 
-def load_runs(arg: str) -> list:
+def load_runs(arg: str, metric: str) -> list:
     """The runs of one side: one file, or comma-separated files with the same rows."""
     paths = [p for p in arg.split(",") if p]
     if not paths:
         die(f"no results file in {arg!r}")
-    runs = [(p, load(p)) for p in paths]
+    runs = [(p, load(p, metric)) for p in paths]
     first_path, first = runs[0]
     for path, rows in runs[1:]:
         if set(rows) != set(first):
@@ -87,15 +86,14 @@ def spread(values: list, fmt) -> str:
 
 
 def main() -> None:
-    global METRIC
-    argv = sys.argv[1:]
+    argv, metric = sys.argv[1:], "tokens_per_s"
     if len(argv) == 4 and argv[0] == "--metric":
-        METRIC, argv = argv[1], argv[2:]
-        if METRIC not in METRICS:
-            die(f"--metric {METRIC!r}: expected one of {', '.join(METRICS)}")
+        metric, argv = argv[1], argv[2:]
+        if metric not in METRICS:
+            die(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
     if len(argv) != 2:
         die("usage: python benches/compare.py [--metric gflop_per_s] A.json[,A2.json...] B.json[,B2.json...]")
-    a_runs, b_runs = load_runs(argv[0]), load_runs(argv[1])
+    a_runs, b_runs = load_runs(argv[0], metric), load_runs(argv[1], metric)
     if len(a_runs) != len(b_runs):
         die(f"{len(a_runs)} runs of A but {len(b_runs)} of B: the runs are compared in pairs")
     a_path, a = a_runs[0]
@@ -123,12 +121,12 @@ def main() -> None:
     if runs > 1:
         print(f"{runs} runs each, alternating; median (min-max) over the runs, "
               f"the ratio per pair of runs.\n")
-    unit = METRICS[METRIC]
+    unit = METRICS[metric]
     print(f"| config | workload | {name_a} {unit} | {name_b} {unit} | {name_a}/{name_b} |")
     print("|---|---|---:|---:|---:|")
     for key in a:
-        a_tps = [float(rows[key][METRIC]) for _, rows in a_runs]
-        b_tps = [float(rows[key][METRIC]) for _, rows in b_runs]
+        a_tps = [float(rows[key][metric]) for _, rows in a_runs]
+        b_tps = [float(rows[key][metric]) for _, rows in b_runs]
         if any(x <= 0 for x in b_tps):
             ratio = "n/a"
         else:

@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import torch
+from torch_bench import time_loop
 
 LAYOUTS = ("x@w^T", "x@w", "x^T@w")
 STEP = "all products of a training step"
@@ -48,17 +49,12 @@ def factors(layout: str, m: int, k: int, n: int):
 
 
 def median_seconds(f, quick: bool):
+    """The median time of `f` and the timed runs it took (see the module docs)."""
     start = time.perf_counter()
     f()
     first = time.perf_counter() - start
     iters = 2 if quick else min(max(int(0.3 / max(first, 1e-9)), 3), 50)
-    f()
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    times.sort()
+    times = sorted(time_loop(f, 1, iters))
     return times[len(times) // 2], iters
 
 
