@@ -22,7 +22,10 @@
 //!   of their own with the packed kernels' bits (`narrow.rs`), and a
 //!   transposed weight's gradient is computed in the weight's own layout
 //!   where that is the same packed product with its factors swapped
-//!   ([`ModelBackend::matmul_rhs_grad`]).
+//!   ([`ModelBackend::matmul_rhs_grad`]). A transposed right factor (`x Wᵀ`)
+//!   of at most [`TRANSPOSE_MAX_COLUMNS`] columns is first copied into a
+//!   row-major `Wᵀ`, which gemm packs faster, for the same packed kernels
+//!   and bits ([`copies_transposed_rhs`]).
 //! - **Token log-probabilities** (the cross-entropy over the logits) read
 //!   each row of logits once and keep one log-sum-exp per row, with the
 //!   bits of a log-softmax followed by a gather (`token.rs`); the backward
@@ -75,6 +78,14 @@ const SUM_BLOCK: usize = 1 << 16;
 
 /// Rows handled by one rayon task in the row-wise kernels.
 const ROWS_PER_TASK: usize = 16;
+
+/// The most columns of `x Wᵀ` for which [`matmul`] copies `Wᵀ` into a
+/// row-major matrix first ([`copies_transposed_rhs`]).
+const TRANSPOSE_MAX_COLUMNS: usize = 1536;
+
+/// Zeros after each row of such a copy: a row stride of a power of two
+/// floats maps the rows gemm reads together to the same cache sets.
+const TRANSPOSE_PAD: usize = 16;
 
 /// A single gemm call with at least this many multiply-adds uses threads.
 const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
@@ -889,13 +900,26 @@ fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
         );
         return tensor(out, Shape::from(out_shape));
     }
+    let copied_rhs;
+    let rhs_view = if batches == 1 && copies_transposed_rhs(lhs, rhs) {
+        let row_stride = n + TRANSPOSE_PAD;
+        let data = &rhs.storage::<f32>()[rl.start_offset()..];
+        copied_rhs = copy::transpose(data, [k, n], rl.strides()[rank - 1] as usize, row_stride);
+        View {
+            data: &copied_rhs,
+            start: 0,
+            row_stride: row_stride as isize,
+            col_stride: 1,
+        }
+    } else {
+        View::new(rhs, rl, rank)
+    };
     // Not zeroed: gemm's first call (`k` from 0) writes every element of
     // `out` without reading it, and later calls add to it.
     let mut out: Vec<MaybeUninit<f32>> = Vec::with_capacity(batches * m * n);
     // SAFETY: MaybeUninit needs no initialisation.
     unsafe { out.set_len(batches * m * n) };
     let lhs_view = View::new(lhs, ll, rank);
-    let rhs_view = View::new(rhs, rl, rank);
     let offsets = |b: usize| {
         let (mut lo, mut ro, mut rest) = (0isize, 0isize, b);
         for d in (0..rank - 2).rev() {
@@ -1038,6 +1062,36 @@ fn lane_split(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
         parallelism: gemm::Parallelism::None,
     }
     .lane_split()
+}
+
+/// Whether [`matmul`] copies a transposed right factor (`x Wᵀ`, `W`
+/// row-major, `n` its rows) into a row-major `Wᵀ` before calling gemm:
+/// where `n <= TRANSPOSE_MAX_COLUMNS` and gemm runs its packed kernels.
+/// gemm packs a transposed factor by gathering its columns one value at a
+/// time, and with two threads on one block of at most 512 columns both
+/// pack all of it; from a row-major copy it packs whole runs, or reads the
+/// factor in place. The product keeps its bits: the same packed kernels,
+/// one FMA chain per output element in the order of `k`, whatever the
+/// factors' strides. Lane-split calls (whose bits depend on the layout),
+/// matrix-vector calls and gemm's one- and two-term kernels keep the
+/// factors as they are. Measured (`docs/experiments/speed.md`): 1.1-1.3x
+/// on the 25m model's projections with 1024 rows, 3-5x with 2 to 8 rows
+/// (batched decoding), and slower for LM heads of 2048 columns or more,
+/// where the copy no longer fits in the caches.
+fn copies_transposed_rhs(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
+    let (ll, rl) = (lhs.layout(), rhs.layout());
+    let rank = ll.shape().len();
+    let (m, k, n) = (
+        ll.shape()[rank - 2],
+        ll.shape()[rank - 1],
+        rl.shape()[rank - 1],
+    );
+    let transposed = rl.strides()[rank - 2] == 1 && rl.strides()[rank - 1] >= k as isize;
+    transposed
+        && m > 1
+        && (2..=TRANSPOSE_MAX_COLUMNS).contains(&n)
+        && k > 2
+        && !lane_split(lhs, rhs)
 }
 
 /// A strided f32 matrix view: the data, the offset of element `[0, .., 0]`,
@@ -1566,6 +1620,27 @@ mod tests {
             let want = bits_of(reference_on(path, &a, &b, m, k, n));
             let got = crate::matmul(t(a, [m, k]), column_major(b, k, n));
             prop_assert_eq!(bits(got), want);
+        }
+    }
+
+    /// `x Wᵀ` on either side of [`TRANSPOSE_MAX_COLUMNS`] (a row-major copy
+    /// of `Wᵀ` below, the view above), over a `k` of two gemm calls: the
+    /// packed kernels' bits either way.
+    #[test]
+    fn a_transposed_weight_copied_or_not_gives_the_packed_bits() {
+        let (m, k) = (5, 600);
+        for n in [TRANSPOSE_MAX_COLUMNS - 1, TRANSPOSE_MAX_COLUMNS + 1] {
+            let (a, b) = (seeded(&[m, k], 3), seeded(&[k, n], 4));
+            let (x, w_t) = (t(a.clone(), [m, k]), column_major(b.clone(), k, n));
+            let primitive = |x: &Tensor<B, 2>| x.clone().into_primitive().tensor();
+            let copied = copies_transposed_rhs(&primitive(&x), &primitive(&w_t));
+            assert_eq!(copied, n <= TRANSPOSE_MAX_COLUMNS, "n = {n}");
+            let got = crate::matmul(x, w_t);
+            let want: Vec<u32> = reference(&a, &b, m, k, n)
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(bits(got), want, "n = {n}");
         }
     }
 

@@ -3,8 +3,10 @@
 //! one element at a time through its strided iterator; attention's
 //! `[batch, heads, seq, head_dim]` permutations are such layouts, but their
 //! last dimension is contiguous, so they are copied here a row at a time.
-//! Rows are copied in parallel, a task's rows at a time. A copy moves
-//! values without arithmetic: the bits are those of the view.
+//! Rows are copied in parallel, a task's rows at a time. Transposed
+//! matrices (a row-major matrix's transpose, e.g. `Wᵀ`) are copied in square
+//! tiles, which burn-flex's element-wise copy does at about 1.5 GB/s. A copy
+//! moves values without arithmetic: the bits are those of the view.
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, TensorMetadata};
@@ -13,6 +15,10 @@ use super::{fresh, ELEMENTS_PER_TASK};
 
 /// The most dimensions the row copy handles (burn's tensors have at most 8).
 const MAX_RANK: usize = 8;
+
+/// The side of the square tiles a transpose is copied in: a tile's source
+/// rows are 64-byte cache lines, its destination rows too.
+const TILE: usize = 16;
 
 /// `x` (f32) as a tensor that owns a contiguous buffer of exactly its
 /// elements, in row-major order of its shape; `x` itself when it already is.
@@ -28,8 +34,11 @@ pub(super) fn to_contiguous(x: &FlexTensor) -> FlexTensor {
         None => return x.to_contiguous(),
     };
     let rank = shape.len();
-    // One dimension, or an inner dimension that is not contiguous (a
-    // transpose): burn-flex's own copy handles these well (tiled).
+    if rank == 2 && strides[0] == 1 && strides[1] >= shape[0] as isize {
+        return transposed(x, [shape[0], shape[1]], strides[1] as usize);
+    }
+    // One dimension, or another layout whose inner dimension is not
+    // contiguous: burn-flex's own copy.
     if rank <= 2 || strides[rank - 1] != 1 {
         return x.to_contiguous();
     }
@@ -69,6 +78,61 @@ pub(super) fn to_contiguous(x: &FlexTensor) -> FlexTensor {
         Layout::contiguous(x.shape()),
         DType::F32,
     )
+}
+
+/// `x`, whose folded layout is `[rows, cols]` with strides `[1, stride]`
+/// (the transpose of a row-major `[cols, rows]` matrix), as a contiguous
+/// row-major buffer.
+fn transposed(x: &FlexTensor, [rows, cols]: [usize; 2], stride: usize) -> FlexTensor {
+    let src = &x.storage::<f32>()[x.layout().start_offset()..];
+    let dst = transpose(src, [rows, cols], stride, cols);
+    FlexTensor::new(
+        Bytes::from_elems(dst),
+        Layout::contiguous(x.shape()),
+        DType::F32,
+    )
+}
+
+/// The `[rows, cols]` matrix whose element `[r, c]` is `src[r + c * stride]`
+/// (the transpose of a row-major `[cols, rows]` matrix with row stride
+/// `stride`), written row-major with row stride `out_stride >= cols`; the
+/// `out_stride - cols` values after each row are zeros. Tasks take whole
+/// bands of [`TILE`] rows and copy them a tile at a time: a tile reads
+/// [`TILE`] source rows of [`TILE`] contiguous values and writes [`TILE`]
+/// destination rows.
+pub(super) fn transpose(
+    src: &[f32],
+    [rows, cols]: [usize; 2],
+    stride: usize,
+    out_stride: usize,
+) -> Vec<f32> {
+    assert!(
+        out_stride >= cols,
+        "transpose: row stride {out_stride} < {cols} columns"
+    );
+    let bands = (ELEMENTS_PER_TASK / (TILE * out_stride).max(1)).max(1);
+    let chunk = bands * TILE * out_stride;
+    let fill = |first: usize, out: &mut [std::mem::MaybeUninit<f32>]| {
+        let (row_0, band_rows) = (first / out_stride, out.len() / out_stride);
+        for col_0 in (0..cols).step_by(TILE) {
+            let tile_cols = TILE.min(cols - col_0);
+            for r in (0..band_rows).step_by(TILE) {
+                let tile_rows = TILE.min(band_rows - r);
+                for c in col_0..col_0 + tile_cols {
+                    let from = c * stride + row_0 + r;
+                    for (i, &v) in src[from..from + tile_rows].iter().enumerate() {
+                        out[(r + i) * out_stride + c].write(v);
+                    }
+                }
+            }
+        }
+        for row in out.chunks_mut(out_stride) {
+            row[cols..].fill(std::mem::MaybeUninit::new(0.0));
+        }
+    };
+    // SAFETY: each task's bands cover its chunk: every row of it, every
+    // column and the padding of each row.
+    unsafe { fresh::written(rows * out_stride, chunk, fill) }
 }
 
 /// The layout with size-1 dimensions dropped and neighbours that form one
@@ -152,6 +216,14 @@ mod tests {
                 .permute([0, 2, 1, 3, 4]),
         );
         assert_eq!(values(&to_contiguous(&view)), values(&view.to_contiguous()));
+        // Transposed matrices, in one tile and in several tasks' bands
+        // with partial tiles, from a slice with an offset.
+        for (rows, cols) in [(3, 5), (40, 1030), (1030, 21)] {
+            let m = ramp([1, 1, 1, cols, rows + 2]).slice([0..1, 0..1, 0..1, 0..cols, 1..rows + 1]);
+            let view = flex(m.swap_dims(3, 4));
+            assert_eq!(view.shape().dims::<5>(), [1, 1, 1, rows, cols]);
+            assert_eq!(values(&to_contiguous(&view)), values(&view.to_contiguous()));
+        }
         // Already contiguous: no copy.
         let whole = flex(x);
         assert!(std::sync::Arc::ptr_eq(

@@ -61,6 +61,22 @@ pub(super) fn copied<'a, S: Iterator<Item = &'a [f32]>>(
     out
 }
 
+/// A new buffer of `len` elements written by `f(start, chunk)` over chunks of
+/// `chunk` elements (`start` is the chunk's first index; tasks as in
+/// [`buffers`]). Nothing is zeroed first.
+///
+/// # Safety
+/// `f` must initialise every element of the chunk it is given (or panic).
+pub(super) unsafe fn written(
+    len: usize,
+    chunk: usize,
+    f: impl Fn(usize, &mut [MaybeUninit<f32>]) + Sync,
+) -> Vec<f32> {
+    // SAFETY: the caller's promise.
+    let [out] = unsafe { uninit_buffers([len], [chunk], |task, [out]| f(task * chunk, out)) };
+    out
+}
+
 /// [`buffers`] without the zeroing.
 ///
 /// # Safety
