@@ -1074,10 +1074,11 @@ fn lane_split(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
 /// one FMA chain per output element in the order of `k`, whatever the
 /// factors' strides. Lane-split calls (whose bits depend on the layout),
 /// matrix-vector calls and gemm's one- and two-term kernels keep the
-/// factors as they are. Measured (`docs/experiments/speed.md`): 1.1-1.3x
-/// on the 25m model's projections with 1024 rows, 3-5x with 2 to 8 rows
-/// (batched decoding), and slower for LM heads of 2048 columns or more,
-/// where the copy no longer fits in the caches.
+/// factors as they are. Measured (`docs/experiments/speed.md`): 1.0-1.2x
+/// on the 25m model's projections with 1024 rows, 3-5x with 2 to 8 rows,
+/// 1.1-1.8x on `W xᵀ` with 16 to 64 rows (`xᵀ` copied), and slower for LM
+/// heads of 2048 columns or more, where the copy no longer fits in the
+/// caches.
 fn copies_transposed_rhs(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
     let (ll, rl) = (lhs.layout(), rhs.layout());
     let rank = ll.shape().len();
