@@ -46,9 +46,9 @@ pub(super) fn copied<'a, S: Iterator<Item = &'a [f32]>>(
     chunk: usize,
     sources: impl Fn(usize) -> S + Sync,
 ) -> Vec<f32> {
-    let fill = |task: usize, [out]: [&mut [MaybeUninit<f32>]; 1]| {
+    let fill = |start: usize, out: &mut [MaybeUninit<f32>]| {
         let mut filled = 0;
-        for source in sources(task * chunk) {
+        for source in sources(start) {
             for (o, &v) in out[filled..filled + source.len()].iter_mut().zip(source) {
                 o.write(v);
             }
@@ -57,8 +57,7 @@ pub(super) fn copied<'a, S: Iterator<Item = &'a [f32]>>(
         assert_eq!(filled, out.len(), "fresh copy: sources of the wrong length");
     };
     // SAFETY: `fill` writes every element of its chunk or panics.
-    let [out] = unsafe { uninit_buffers([len], [chunk], fill) };
-    out
+    unsafe { written(len, chunk, fill) }
 }
 
 /// A new buffer of `len` elements written by `f(start, chunk)` over chunks of
