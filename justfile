@@ -4,6 +4,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 venv := ".venv"
 python := venv / "bin/python"
+tch_venv := ".venv-tch"
 sandbox_venv := env_var_or_default("MAPPA_SANDBOX_VENV", ".venv-sandbox")
 
 # List the recipes.
@@ -187,6 +188,53 @@ bench-backends *ARGS:
     cargo run --release --locked -p mappa-benches --features ndarray --bin bench_json -- --backend flex --out target/bench/flex.json {{ARGS}} > /dev/null
     cargo run --release --locked -p mappa-benches --features ndarray --bin bench_json -- --backend ndarray --out target/bench/ndarray.json {{ARGS}} > /dev/null
     python3 benches/compare.py target/bench/flex.json target/bench/ndarray.json
+
+# PyTorch 2.9.0 in `.venv-tch` (about 7 GB with its CUDA libraries): the libtorch that the `tch` feature (burn's LibTorch backend; its tch 0.22 is made for 2.9.0) builds and runs against, through `benches/with_libtorch.sh`.
+setup-tch:
+    test -x {{tch_venv}}/bin/python || python3 -m venv {{tch_venv}}
+    {{tch_venv}}/bin/python -c 'import sys, torch; sys.exit(torch.__version__.split("+")[0] != "2.9.0")' 2>/dev/null || {{tch_venv}}/bin/pip install --quiet torch==2.9.0
+
+# mappa-model's parity tests (HF, LoRA, GGUF, the model API, SmolLM2 when `just models` installed it) on burn's LibTorch backend, on the CPU (about 5 minutes cold).
+parity-tch: setup-tch
+    benches/with_libtorch.sh cargo test --release --locked -p mappa-model --features tch --test hf_parity --test lora_parity --test gguf --test model_api --test smol_parity
+
+# burn's LibTorch backend (`tch`: PyTorch's own CPU kernels under mappa's model) against flex and against PyTorch eager, the workloads of `bench-vs-torch` (default configs 1m,25m,smol-b8), BENCH_RUNS (default 3) runs each, alternating config by config (flex, tch, PyTorch).
+bench-tch *ARGS: setup-torch setup-tch
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p target/bench
+    runs="${BENCH_RUNS:-3}" configs="1m,25m,smol-b8" rest=()
+    set -- {{ARGS}}
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --configs) configs="$2"; shift 2 ;;
+            --configs=*) configs="${1#*=}"; shift ;;
+            *) rest+=("$1"); shift ;;
+        esac
+    done
+    case ",$configs," in *,smol-*) just models ;; esac
+    benches/with_libtorch.sh cargo build --release --locked -p mappa-benches --features tch --bin bench_json
+    cp target/release/bench_json target/bench/bench_json-tch
+    cargo build --release --locked -p mappa-benches --bin bench_json
+    declare -A files=([flex]="" [tch]="" [torch]="")
+    for i in $(seq 1 "$runs"); do
+        declare -A parts=([flex]="" [tch]="" [torch]="")
+        for config in ${configs//,/ }; do
+            echo "== run $i of $runs, $config: flex, tch, then PyTorch"
+            target/release/bench_json --configs "$config" --out "target/bench/flex-$i-$config.json" "${rest[@]}" > /dev/null
+            OMP_NUM_THREADS=2 benches/with_libtorch.sh target/bench/bench_json-tch --backend tch --configs "$config" --out "target/bench/tch-$i-$config.json" "${rest[@]}" > /dev/null
+            {{python}} benches/torch_bench.py --threads 2 --configs "$config" --out "target/bench/torch-$i-$config.json" "${rest[@]}"
+            for side in flex tch torch; do parts[$side]+=" target/bench/$side-$i-$config.json"; done
+        done
+        for side in flex tch torch; do
+            {{python}} benches/merge_runs.py "target/bench/$side-$i.json" ${parts[$side]}
+            files[$side]+="${files[$side]:+,}target/bench/$side-$i.json"
+        done
+    done
+    echo "## tch against PyTorch"
+    {{python}} benches/compare.py "${files[tch]}" "${files[torch]}"
+    echo "## flex against tch"
+    {{python}} benches/compare.py "${files[flex]}" "${files[tch]}"
 
 # Type-check the GPU backends (wgpu, cuda) without a GPU; separate target dir, ~10 min cold.
 check-gpu:

@@ -11,7 +11,7 @@ use serde_json::json;
 #[derive(Parser)]
 #[command(about = "Time mappa's model workloads and print JSON rows")]
 struct Args {
-    /// Backend to run on: flex, or ndarray / cuda / wgpu when built with that feature.
+    /// Backend to run on: flex, or ndarray / cuda / wgpu / tch when built with that feature.
     #[arg(long, default_value = "flex")]
     backend: String,
     /// Configurations, comma-separated: 1m, 25m (random weights, batch 8),
@@ -165,6 +165,12 @@ fn main() {
             &args,
             &Default::default(),
         ),
+        #[cfg(feature = "tch")]
+        "tch" => run::<burn::backend::Autodiff<mappa_model::backend::LibTorch>>(
+            "tch",
+            &args,
+            &Default::default(),
+        ),
         #[cfg(feature = "wgpu")]
         "wgpu" => run::<burn::backend::Autodiff<mappa_model::backend::Wgpu>>(
             "wgpu",
@@ -177,6 +183,7 @@ fn main() {
                 (cfg!(feature = "ndarray"), "ndarray"),
                 (cfg!(feature = "cuda"), "cuda"),
                 (cfg!(feature = "wgpu"), "wgpu"),
+                (cfg!(feature = "tch"), "tch"),
             ]
             .into_iter()
             .filter_map(|(on, name)| on.then_some(name))

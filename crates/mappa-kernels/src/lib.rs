@@ -927,3 +927,6 @@ impl ModelBackend for burn::backend::Wgpu {}
 
 #[cfg(feature = "cuda")]
 impl ModelBackend for burn::backend::Cuda {}
+
+#[cfg(feature = "tch")]
+impl ModelBackend for burn::backend::LibTorch {}

@@ -21,3 +21,8 @@ pub type Wgpu = burn::backend::Wgpu;
 /// The CUDA backend: the primary GPU backend.
 #[cfg(feature = "cuda")]
 pub type Cuda = burn::backend::Cuda;
+
+/// burn's LibTorch backend (PyTorch's own kernels, on the CPU or a CUDA
+/// device), measured against `flex` by `just bench-tch`.
+#[cfg(feature = "tch")]
+pub type LibTorch = burn::backend::LibTorch;

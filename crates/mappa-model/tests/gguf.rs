@@ -79,7 +79,7 @@ fn a_converted_gguf_matches_transformers_loading_it() {
         gguf.tensors().len()
     );
 
-    let model = Model::<TestBackend>::load(&converted).unwrap();
+    let model = Model::<TestBackend>::load_on(&converted, &Default::default()).unwrap();
     for (ids, expected) in golden.sequences.iter().zip(&golden.logits) {
         let logits = model.logits(ids).unwrap();
         let expected: Vec<f32> = expected.iter().flatten().copied().collect();
@@ -116,7 +116,7 @@ fn a_converted_gguf_matches_transformers_loading_it() {
     // bf16 storage loads too, and a second conversion into the same place is refused.
     let bf16 = out.path().join("bf16");
     convert(&gguf, &bf16, StorageDtype::Bf16).unwrap();
-    Model::<TestBackend>::load(&bf16).unwrap();
+    Model::<TestBackend>::load_on(&bf16, &Default::default()).unwrap();
     let err = convert(&gguf, &converted, StorageDtype::F32)
         .unwrap_err()
         .to_string();

@@ -6,15 +6,19 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// The backend the parity tests run on: CUDA or wgpu when the crate is built
-/// with that feature (`just parity-cuda`, `just parity-wgpu`), else the CPU backend.
+/// The backend the parity tests run on: CUDA, wgpu or LibTorch (on the CPU)
+/// when the crate is built with that feature (`just parity-cuda`,
+/// `just parity-wgpu`, `just parity-tch`), else the CPU backend.
 #[cfg(feature = "cuda")]
 pub(crate) type TestBackend = mappa_model::backend::Cuda;
 /// The backend the parity tests run on (see the CUDA variant).
 #[cfg(all(feature = "wgpu", not(feature = "cuda")))]
 pub(crate) type TestBackend = mappa_model::backend::Wgpu;
 /// The backend the parity tests run on (see the CUDA variant).
-#[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+#[cfg(all(feature = "tch", not(any(feature = "wgpu", feature = "cuda"))))]
+pub(crate) type TestBackend = mappa_model::backend::LibTorch;
+/// The backend the parity tests run on (see the CUDA variant).
+#[cfg(not(any(feature = "wgpu", feature = "cuda", feature = "tch")))]
 pub(crate) type TestBackend = mappa_model::backend::Cpu;
 
 /// The repository's `fixtures/` directory.
