@@ -15,6 +15,7 @@ use super::{CausalMask, ModelBackend};
 
 impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
     const ONE_DEVICE: bool = B::ONE_DEVICE;
+    const MASKS_IN_SOFTMAX: bool = B::MASKS_IN_SOFTMAX;
 
     fn run_step<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         B::run_step(f)
@@ -94,6 +95,14 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
 
     fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         from_output::<B, C>(x, B::log_softmax_last, B::log_softmax_last_backward)
+    }
+
+    fn causal_softmax(scores: FloatTensor<Self>, mask: &CausalMask) -> FloatTensor<Self> {
+        from_output::<B, C>(
+            scores,
+            |x| B::causal_softmax(x, mask),
+            B::softmax_last_backward,
+        )
     }
 
     fn to_f32(x: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -463,7 +472,7 @@ impl<B: ModelBackend> Backward<B, 1> for FromOutput<B> {
 /// `forward(x)` as one autodiff node whose backward pass is `backward(output, grad)`.
 fn from_output<B: ModelBackend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
-    forward: fn(FloatTensor<B>) -> FloatTensor<B>,
+    forward: impl FnOnce(FloatTensor<B>) -> FloatTensor<B>,
     backward: fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
 ) -> FloatTensor<Autodiff<B, C>> {
     match (FromOutput { backward })
@@ -742,5 +751,56 @@ mod tests {
         close(four(cpu.0), four(dense.0));
         close(four(cpu.1), four(dense.1));
         close(four(cpu.2), four(dense.2));
+    }
+
+    /// The CPU's masked softmax gives the bits of a softmax of the scores
+    /// plus the mask's bias (the trait's default), forward and backward:
+    /// left padding, a KV-cache offset, grouped heads, negative zeros, and
+    /// a row whose every visible score is `-inf` (NaN either way).
+    #[test]
+    fn causal_softmax_is_the_softmax_of_biased_scores_bit_for_bit() {
+        use crate::CausalMask;
+        let (b, h, group, seq, start) = (2, 2, 2, 3, 2);
+        let (rows, keys) = (group * seq, start + seq);
+        let mask = CausalMask {
+            pad_left: vec![0, 3],
+            start,
+            seq,
+        };
+        let mut values = values(b * h * rows * keys, 21);
+        values[3] = -0.0;
+        values[keys + 1] = -0.0;
+        // Batch row 1, head 0, query row 0 sees key 2 alone.
+        values[(h * rows) * keys + 2] = f32::NEG_INFINITY;
+        let scores = || {
+            Tensor::<CpuAutodiff, 4>::from_data(
+                TensorData::new(values.clone(), [b, h, rows, keys]),
+                &Default::default(),
+            )
+            .require_grad()
+        };
+        let (mine_in, theirs_in) = (scores(), scores());
+        let weights = param([b, h, rows, keys], 22).detach();
+        let mine = crate::causal_softmax(mine_in.clone(), &mask);
+        let bias = mask.bias::<CpuAutodiff>(h, 0..rows, &Default::default());
+        let theirs = crate::softmax(theirs_in.clone() + bias);
+        let bits = |t: Tensor<Cpu, 4>| -> Vec<u32> {
+            let data = t.into_data();
+            data.as_slice::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let nan_row =
+            &mine.clone().inner().into_data().to_vec::<f32>().unwrap()[(h * rows) * keys..][..keys];
+        assert!(nan_row.iter().all(|v| v.is_nan()), "{nan_row:?}");
+        assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
+        let mine = (mine * weights.clone()).sum().backward();
+        let theirs = (theirs * weights).sum().backward();
+        assert_eq!(
+            bits(mine_in.grad(&mine).unwrap()),
+            bits(theirs_in.grad(&theirs).unwrap())
+        );
     }
 }

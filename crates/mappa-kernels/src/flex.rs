@@ -60,6 +60,7 @@ const ROWS_PER_TASK: usize = 16;
 
 impl ModelBackend for Flex {
     const ONE_DEVICE: bool = true;
+    const MASKS_IN_SOFTMAX: bool = true;
 
     fn run_step<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         steps::run(f)
@@ -278,6 +279,21 @@ impl ModelBackend for Flex {
             let inner = dot(grad, y);
             for ((o, &p), &g) in out.iter_mut().zip(y).zip(grad) {
                 *o = p * (g - inner);
+            }
+        });
+        tensor(out, shape)
+    }
+
+    fn causal_softmax(scores: FloatTensor<Self>, mask: &CausalMask) -> FloatTensor<Self> {
+        let (x, shape) = contiguous(scores);
+        let [heads, rows, keys] = [shape[1], shape[2], shape[3]];
+        let out = fresh::in_chunks(x.len(), keys * ROWS_PER_TASK, |start, out| {
+            for (i, out) in out.chunks_mut(keys).enumerate() {
+                // Row `r` of head `bh` (batch row `bh / heads`).
+                let row = start / keys + i;
+                let (bh, r) = (row / rows, row % rows);
+                let seen = mask.keys(bh / heads, mask.column(r));
+                masked_softmax_row(&x[row * keys..][..keys], seen, out);
             }
         });
         tensor(out, shape)
@@ -636,6 +652,41 @@ fn rotate_rows(
                 }
             }
         }
+    }
+}
+
+/// `out = softmax(row + bias)` for the bias that is 0 on the keys `seen`
+/// and `-inf` elsewhere, with the bits of [`Flex::softmax_last`] of the
+/// biased row. Adding `+0.0` is not a no-op (it turns `-0.0` into `+0.0`),
+/// so the seen scores get it. The unseen ones would become `-inf`, which
+/// leaves the row's maximum as it is (the fold never holds a NaN) and,
+/// shifted by a finite maximum, exponentiates to `+0.0` exactly: they are
+/// written as zeros, and only the seen keys are exponentiated. A row whose
+/// maximum is not finite takes the plain path.
+fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &mut [f32]) {
+    let (lo, hi) = (*seen.start(), *seen.end());
+    for (o, &v) in out[lo..=hi].iter_mut().zip(&row[lo..=hi]) {
+        *o = v + 0.0;
+    }
+    let max = row_max(&out[lo..=hi]);
+    if max.is_finite() {
+        for o in &mut out[lo..=hi] {
+            *o -= max;
+        }
+        libm_exp_in_place(&mut out[lo..=hi]);
+        out[..lo].fill(0.0);
+        out[hi + 1..].fill(0.0);
+    } else {
+        out[..lo].fill(f32::NEG_INFINITY);
+        out[hi + 1..].fill(f32::NEG_INFINITY);
+        for o in out.iter_mut() {
+            *o -= max;
+        }
+        libm_exp_in_place(out);
+    }
+    let total = sum(out);
+    for o in out.iter_mut() {
+        *o /= total;
     }
 }
 

@@ -50,6 +50,15 @@ pub trait ModelBackend: Backend {
     /// another index's device is refused.
     const ONE_DEVICE: bool = false;
 
+    /// Whether dense attention should hand the causal mask to
+    /// [`causal_softmax`](ModelBackend::causal_softmax) rather than add a
+    /// bias tensor ([`CausalMask::bias`]) to the scores and take a plain
+    /// softmax. Both give the same bits. The CPU backend masks each row as
+    /// it reads it; elsewhere (the default) the model builds the bias once
+    /// per forward pass and shares it between layers, where the default
+    /// `causal_softmax` would build it once per layer.
+    const MASKS_IN_SOFTMAX: bool = false;
+
     /// Runs `f`, one whole step of work on this backend (a generation, a
     /// forward pass, a training step), where its operations run fastest:
     /// on the calling thread by default; the CPU backend runs it on a
@@ -217,6 +226,20 @@ pub trait ModelBackend: Backend {
         let (grad, _) = rows::<Self>(grad);
         let dot = (grad.clone() * y.clone()).sum_dim(1);
         Self::float_reshape(primitive(y * (grad - dot)), shape)
+    }
+
+    /// Softmax over the last dimension of attention scores under a causal
+    /// mask, for [`causal_softmax`]: see there for the shapes. The bits of
+    /// [`softmax_last`](ModelBackend::softmax_last) of the scores plus the
+    /// mask's additive bias ([`CausalMask::bias`]), which is what the
+    /// default computes. The CPU backend never makes the bias and
+    /// exponentiates only the keys each row sees. The backward pass is
+    /// [`softmax_last_backward`](ModelBackend::softmax_last_backward).
+    fn causal_softmax(scores: FloatTensor<Self>, mask: &CausalMask) -> FloatTensor<Self> {
+        let shape = burn::tensor::TensorMetadata::shape(&scores);
+        let (heads, rows) = (shape[1], shape[2]);
+        let bias = mask.bias::<Self>(heads, 0..rows, &Self::float_device(&scores));
+        Self::softmax_last(Self::float_add(scores, primitive(bias)))
     }
 
     /// Log-softmax over the last dimension.
@@ -603,6 +626,31 @@ pub fn rope<B: ModelBackend>(
 /// Softmax over the last dimension.
 pub fn softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     float(B::softmax_last(primitive(x)))
+}
+
+/// Softmax over the keys of attention scores under a causal mask: the same
+/// bits as [`softmax`] of the scores plus [`CausalMask::bias`] (0 where a
+/// query sees a key, `-inf` elsewhere), as one operation whose backward
+/// pass is the softmax's.
+///
+/// # Shapes
+/// - `scores`: `[batch, kv_heads, group * seq, start + seq]` (the mask's
+///   batch rows, query rows stacked head-major as in [`attention`], and
+///   keys); returns the same shape.
+pub fn causal_softmax<B: ModelBackend>(scores: Tensor<B, 4>, mask: &CausalMask) -> Tensor<B, 4> {
+    let [b, _, rows, keys] = scores.dims();
+    assert!(
+        mask.pad_left.len() == b
+            && mask.seq > 0
+            && rows % mask.seq == 0
+            && keys == mask.start + mask.seq,
+        "causal_softmax: the mask ({} rows, start {}, seq {}) does not fit scores {:?}",
+        mask.pad_left.len(),
+        mask.start,
+        mask.seq,
+        scores.dims()
+    );
+    float(B::causal_softmax(primitive(scores), mask))
 }
 
 /// Log-softmax over the last dimension.

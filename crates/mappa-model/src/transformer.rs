@@ -109,8 +109,12 @@ pub enum AttentionKind {
 #[derive(Debug, Clone)]
 pub enum AttentionMask<B: Backend> {
     /// An additive bias, `[batch, kv_heads, group, seq, past + seq]`
-    /// ([`AttentionKind::Dense`]).
+    /// ([`AttentionKind::Dense`] on backends that add one).
     Bias(Tensor<B, 5>),
+    /// The causal mask's description, applied by the softmax
+    /// ([`AttentionKind::Dense`] where [`ModelBackend::MASKS_IN_SOFTMAX`]:
+    /// the same bits as the bias).
+    InSoftmax(kernels::CausalMask),
     /// The causal mask's description ([`AttentionKind::Fused`]).
     Causal(kernels::CausalMask),
 }
@@ -226,6 +230,10 @@ impl<B: ModelBackend> Attention<B> {
                 let scores = kernels::matmul(q, k.swap_dims(2, 3))
                     + bias.clone().reshape([b, kvh, rep * s, t]);
                 kernels::matmul(kernels::softmax(scores), v)
+            }
+            AttentionMask::InSoftmax(mask) => {
+                let scores = kernels::matmul(q, k.swap_dims(2, 3));
+                kernels::matmul(kernels::causal_softmax(scores, mask), v)
             }
             AttentionMask::Causal(mask) => kernels::attention(q, k, v, mask),
         };
@@ -441,6 +449,9 @@ impl<B: ModelBackend> Transformer<B> {
             rope_q: self.rope.tables::<B>(&positions, c.num_heads, device),
             rope_k: self.rope.tables::<B>(&positions, c.num_kv_heads, device),
             mask: match self.attention {
+                AttentionKind::Dense if B::MASKS_IN_SOFTMAX => {
+                    AttentionMask::InSoftmax(window.causal_mask())
+                }
                 AttentionKind::Dense => AttentionMask::Bias(window.attention_bias::<B>(
                     c.num_kv_heads,
                     c.num_heads / c.num_kv_heads,

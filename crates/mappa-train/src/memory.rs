@@ -50,7 +50,11 @@
 //!   block of scores is counted instead, as burn's default kernels (the GPU
 //!   backends) hold it: 4 `Hkv B S` per sequence for blocks of `B` stacked
 //!   query rows (`kernels::ATTENTION_BLOCK_ROWS`) in an update, 2 without
-//!   a gradient.
+//!   a gradient. The dense attention bias is counted wherever it appears
+//!   below as the GPU backends hold it; the CPU backend applies the mask
+//!   in the softmax (`ModelBackend::MASKS_IN_SOFTMAX`) and holds no bias,
+//!   so on the CPU the plan over-counts by `H S^2` per sequence (`H P^2`
+//!   in a rollout).
 //! - **Log-prob passes** (no gradient): the rollout policy's and the
 //!   reference's log-probs of all of an agent's actions of a step, in one
 //!   batch of `N` sequences: the bias plus one layer's scores (biased in
