@@ -159,35 +159,35 @@ impl ModelBackend for Flex {
         let (grad, _) = contiguous(grad);
         let (gamma, gamma_shape) = contiguous(gamma);
         let d = gamma.len();
-        let dx = fresh::row_pairs(&x, &grad, d, |x, grad, dx| {
-            let inv = inv_rms(x, epsilon);
-            // The scaled gradient `grad * gamma` first, in the output row.
-            for ((s, &g), &w) in dx.iter_mut().zip(grad).zip(&gamma) {
-                *s = g * w;
-            }
-            // d/dx_j of (x_i * inv) = inv δ_ij - inv³ x_i x_j / d
-            let coef = inv * inv * inv * dot(dx, x) / d as f32;
-            for (o, &v) in dx.iter_mut().zip(x) {
-                *o = *o * inv - v * coef;
+        // dgamma_i = Σ_rows grad_i x_i inv: each task's rows summed in
+        // order (beside their dx), then the tasks' sums added in order.
+        let chunk = d * ROWS_PER_TASK;
+        let tasks = x.len().div_ceil(chunk.max(1));
+        let lens = [x.len(), tasks * d];
+        let [dx, partials] = fresh::buffers(lens, [chunk, d], |task, [dx, partial]| {
+            let start = task * chunk;
+            let rows = dx
+                .chunks_mut(d)
+                .zip(x[start..].chunks(d))
+                .zip(grad[start..].chunks(d));
+            for ((dx, x), grad) in rows {
+                let inv = inv_rms(x, epsilon);
+                for ((a, &v), &g) in partial.iter_mut().zip(x).zip(grad) {
+                    *a += g * (v * inv);
+                }
+                // The scaled gradient `grad * gamma` first, in the output row.
+                for ((s, &g), &w) in dx.iter_mut().zip(grad).zip(&gamma) {
+                    *s = g * w;
+                }
+                // d/dx_j of (x_i * inv) = inv δ_ij - inv³ x_i x_j / d
+                let coef = inv * inv * inv * dot(dx, x) / d as f32;
+                for (o, &v) in dx.iter_mut().zip(x) {
+                    *o = *o * inv - v * coef;
+                }
             }
         });
-        // dgamma_i = Σ_rows grad_i x_i inv: blocks of rows in parallel, blocks added in order.
-        let partials: Vec<Vec<f32>> = x
-            .par_chunks(d * ROWS_PER_TASK)
-            .zip(grad.par_chunks(d * ROWS_PER_TASK))
-            .map(|(x, grad)| {
-                let mut acc = vec![0.0; d];
-                for (x, grad) in x.chunks(d).zip(grad.chunks(d)) {
-                    let inv = inv_rms(x, epsilon);
-                    for ((a, &v), &g) in acc.iter_mut().zip(x).zip(grad) {
-                        *a += g * (v * inv);
-                    }
-                }
-                acc
-            })
-            .collect();
         let mut dgamma = vec![0.0; d];
-        for partial in partials {
+        for partial in partials.chunks(d.max(1)) {
             for (a, p) in dgamma.iter_mut().zip(partial) {
                 *a += p;
             }
@@ -690,8 +690,24 @@ fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &
     }
 }
 
+/// The largest value of `row` that is not NaN (`-inf` if none), in
+/// [`LANES`] running maxima that vectorise. A maximum of values, NaN
+/// ignored, is the same in any order, but for the sign of a zero maximum
+/// (`f32::max` may return either zero), which no caller's result shows:
+/// each subtracts it from values and exponentiates, or adds it to a
+/// logarithm that is at least `+0`.
 fn row_max(row: &[f32]) -> f32 {
-    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a = a.max(v);
+        }
+    }
+    tail.iter()
+        .copied()
+        .fold(acc.into_iter().fold(f32::NEG_INFINITY, f32::max), f32::max)
 }
 
 /// `log(Σ exp(row))`, shifted by the row's maximum; `scratch` (the row's
