@@ -106,6 +106,7 @@ pub fn sigmoid(x: f32) -> f32 {
 ///
 /// # Panics
 /// If the slices differ in length.
+#[inline(always)]
 pub fn sigmoid_into(x: &[f32], out: &mut [f32]) {
     assert_eq!(x.len(), out.len(), "sigmoid_into: lengths differ");
     for (o, &v) in out.iter_mut().zip(x) {

@@ -38,6 +38,32 @@ use rayon::prelude::*;
 
 use crate::expf::{libm_exp_in_place, sigmoid_into};
 
+/// `fn name(args) body`, compiled twice: for AVX2, run where the CPU has
+/// it, and for the baseline (SSE2). The target feature only widens the
+/// registers the loops run in: nothing is fused (FMA is not enabled) and
+/// nothing is reordered, so both copies give the same bits. What the body
+/// calls is widened with it only if inlined: the helpers it uses here are
+/// `#[inline(always)]`.
+macro_rules! widened {
+    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("avx2") {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                // SAFETY: AVX2 is present (checked just above).
+                return unsafe { avx2($($arg),*) };
+            }
+            body($($arg),*)
+        }
+    };
+}
+
 mod copy;
 mod fresh;
 mod matmul;
@@ -166,25 +192,8 @@ impl ModelBackend for Flex {
         let lens = [x.len(), tasks * d];
         let [dx, partials] = fresh::buffers(lens, [chunk, d], |task, [dx, partial]| {
             let start = task * chunk;
-            let rows = dx
-                .chunks_mut(d)
-                .zip(x[start..].chunks(d))
-                .zip(grad[start..].chunks(d));
-            for ((dx, x), grad) in rows {
-                let inv = inv_rms(x, epsilon);
-                for ((a, &v), &g) in partial.iter_mut().zip(x).zip(grad) {
-                    *a += g * (v * inv);
-                }
-                // The scaled gradient `grad * gamma` first, in the output row.
-                for ((s, &g), &w) in dx.iter_mut().zip(grad).zip(&gamma) {
-                    *s = g * w;
-                }
-                // d/dx_j of (x_i * inv) = inv δ_ij - inv³ x_i x_j / d
-                let coef = inv * inv * inv * dot(dx, x) / d as f32;
-                for (o, &v) in dx.iter_mut().zip(x) {
-                    *o = *o * inv - v * coef;
-                }
-            }
+            let (x, grad) = (&x[start..start + dx.len()], &grad[start..start + dx.len()]);
+            rms_norm_backward_rows(x, grad, &gamma, epsilon, dx, partial);
         });
         let mut dgamma = vec![0.0; d];
         for partial in partials.chunks(d.max(1)) {
@@ -199,11 +208,8 @@ impl ModelBackend for Flex {
         let (gate, shape) = contiguous(gate);
         let (up, _) = contiguous(up);
         let out = fresh::in_chunks(gate.len(), ELEMENTS_PER_TASK, |start, out| {
-            let (gate, up) = (&gate[start..start + out.len()], &up[start..]);
-            sigmoid_into(gate, out);
-            for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-                *o = g * *o * u;
-            }
+            let end = start + out.len();
+            swiglu_chunk(&gate[start..end], &up[start..end], out);
         });
         tensor(out, shape)
     }
@@ -219,20 +225,12 @@ impl ModelBackend for Flex {
         let n = gate.len();
         let chunks = [ELEMENTS_PER_TASK; 2];
         let [d_gate, d_up] = fresh::buffers([n, n], chunks, |task, [d_gate, d_up]| {
-            let start = task * ELEMENTS_PER_TASK;
-            let gate = &gate[start..start + d_gate.len()];
-            let (up, grad) = (&up[start..], &grad[start..]);
-            // The sigmoids first (vectorised), then each element's terms.
-            sigmoid_into(gate, d_gate);
-            let outputs = d_gate.iter_mut().zip(d_up.iter_mut());
-            for ((((dg, du), &g), &u), &dy) in outputs.zip(gate).zip(up).zip(grad) {
-                // burn's graph of g * sigmoid(g) * u, term by term: the
-                // product rule's two terms for g, the sigmoid's own backward.
-                let s = *dg;
-                let d_silu = dy * u;
-                *dg = d_silu * s + d_silu * g * s * (1.0 - s);
-                *du = dy * (g * s);
-            }
+            let (start, end) = (
+                task * ELEMENTS_PER_TASK,
+                task * ELEMENTS_PER_TASK + d_gate.len(),
+            );
+            let (gate, up, grad) = (&gate[start..end], &up[start..end], &grad[start..end]);
+            swiglu_backward_chunk(gate, up, grad, d_gate, d_up);
         });
         (tensor(d_gate, shape.clone()), tensor(d_up, shape))
     }
@@ -490,6 +488,7 @@ impl ModelBackend for Flex {
 
 /// `acc += a * x`, element by element (no sum, so any vectorisation gives
 /// the same bits).
+#[inline(always)]
 fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
     for (acc, &x) in acc.iter_mut().zip(x) {
         *acc += a * x;
@@ -498,6 +497,7 @@ fn axpy(acc: &mut [f32], a: f32, x: &[f32]) {
 
 /// The sum of `xs`: [`LANES`] running sums, added in a fixed tree, then the
 /// tail in order. The same bits on every CPU, however it is vectorised.
+#[inline(always)]
 pub fn sum(xs: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let chunks = xs.chunks_exact(LANES);
@@ -511,6 +511,7 @@ pub fn sum(xs: &[f32]) -> f32 {
 }
 
 /// `Σ a_i b_i` in the order of [`sum`] (products rounded, never fused).
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0.0f32; LANES];
@@ -534,6 +535,7 @@ pub fn long_sum(xs: &[f32]) -> f32 {
     blocks.into_iter().fold(0.0, |total, x| total + x)
 }
 
+#[inline(always)]
 fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
     let mut width = LANES;
     while width > 1 {
@@ -655,38 +657,105 @@ fn rotate_rows(
     }
 }
 
-/// `out = softmax(row + bias)` for the bias that is 0 on the keys `seen`
-/// and `-inf` elsewhere, with the bits of [`Flex::softmax_last`] of the
-/// biased row. Adding `+0.0` is not a no-op (it turns `-0.0` into `+0.0`),
-/// so the seen scores get it. The unseen ones would become `-inf`, which
-/// leaves the row's maximum as it is (the fold never holds a NaN) and,
-/// shifted by a finite maximum, exponentiates to `+0.0` exactly: they are
-/// written as zeros, and only the seen keys are exponentiated. A row whose
-/// maximum is not finite takes the plain path.
-fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &mut [f32]) {
-    let (lo, hi) = (*seen.start(), *seen.end());
-    for (o, &v) in out[lo..=hi].iter_mut().zip(&row[lo..=hi]) {
-        *o = v + 0.0;
-    }
-    let max = row_max(&out[lo..=hi]);
-    if max.is_finite() {
-        for o in &mut out[lo..=hi] {
-            *o -= max;
+widened! {
+    /// RMSNorm's backward pass over whole rows of `d = gamma.len()`
+    /// elements: each row's `dx`, and `grad_i x_i inv` added into
+    /// `partial` (dgamma's partial sum over these rows) in row order.
+    fn rms_norm_backward_rows(
+        x: &[f32],
+        grad: &[f32],
+        gamma: &[f32],
+        epsilon: f64,
+        dx: &mut [f32],
+        partial: &mut [f32],
+    ) {
+        let d = gamma.len();
+        for ((dx, x), grad) in dx.chunks_mut(d).zip(x.chunks(d)).zip(grad.chunks(d)) {
+            let inv = inv_rms(x, epsilon);
+            for ((a, &v), &g) in partial.iter_mut().zip(x).zip(grad) {
+                *a += g * (v * inv);
+            }
+            // The scaled gradient `grad * gamma` first, in the output row.
+            for ((s, &g), &w) in dx.iter_mut().zip(grad).zip(gamma) {
+                *s = g * w;
+            }
+            // d/dx_j of (x_i * inv) = inv δ_ij - inv³ x_i x_j / d
+            let coef = inv * inv * inv * dot(dx, x) / d as f32;
+            for (o, &v) in dx.iter_mut().zip(x) {
+                *o = *o * inv - v * coef;
+            }
         }
-        libm_exp_in_place(&mut out[lo..=hi]);
-        out[..lo].fill(0.0);
-        out[hi + 1..].fill(0.0);
-    } else {
-        out[..lo].fill(f32::NEG_INFINITY);
-        out[hi + 1..].fill(f32::NEG_INFINITY);
+    }
+}
+
+widened! {
+    /// `out = silu(gate) * up`, element by element, as `gate * sigmoid(gate) * up`.
+    fn swiglu_chunk(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        sigmoid_into(gate, out);
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g * *o * u;
+        }
+    }
+}
+
+widened! {
+    /// SwiGLU's gradients with respect to `gate` and `up`, given the
+    /// output's gradient `grad`, element by element.
+    fn swiglu_backward_chunk(
+        gate: &[f32],
+        up: &[f32],
+        grad: &[f32],
+        d_gate: &mut [f32],
+        d_up: &mut [f32],
+    ) {
+        // The sigmoids first (vectorised), then each element's terms.
+        sigmoid_into(gate, d_gate);
+        let outputs = d_gate.iter_mut().zip(d_up.iter_mut());
+        for ((((dg, du), &g), &u), &dy) in outputs.zip(gate).zip(up).zip(grad) {
+            // burn's graph of g * sigmoid(g) * u, term by term: the
+            // product rule's two terms for g, the sigmoid's own backward.
+            let s = *dg;
+            let d_silu = dy * u;
+            *dg = d_silu * s + d_silu * g * s * (1.0 - s);
+            *du = dy * (g * s);
+        }
+    }
+}
+
+widened! {
+    /// `out = softmax(row + bias)` for the bias that is 0 on the keys `seen`
+    /// and `-inf` elsewhere, with the bits of [`Flex::softmax_last`] of the
+    /// biased row. Adding `+0.0` is not a no-op (it turns `-0.0` into `+0.0`),
+    /// so the seen scores get it. The unseen ones would become `-inf`, which
+    /// leaves the row's maximum as it is (the fold never holds a NaN) and,
+    /// shifted by a finite maximum, exponentiates to `+0.0` exactly: they are
+    /// written as zeros, and only the seen keys are exponentiated. A row whose
+    /// maximum is not finite takes the plain path.
+    fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &mut [f32]) {
+        let (lo, hi) = (*seen.start(), *seen.end());
+        for (o, &v) in out[lo..=hi].iter_mut().zip(&row[lo..=hi]) {
+            *o = v + 0.0;
+        }
+        let max = row_max(&out[lo..=hi]);
+        if max.is_finite() {
+            for o in &mut out[lo..=hi] {
+                *o -= max;
+            }
+            libm_exp_in_place(&mut out[lo..=hi]);
+            out[..lo].fill(0.0);
+            out[hi + 1..].fill(0.0);
+        } else {
+            out[..lo].fill(f32::NEG_INFINITY);
+            out[hi + 1..].fill(f32::NEG_INFINITY);
+            for o in out.iter_mut() {
+                *o -= max;
+            }
+            libm_exp_in_place(out);
+        }
+        let total = sum(out);
         for o in out.iter_mut() {
-            *o -= max;
+            *o /= total;
         }
-        libm_exp_in_place(out);
-    }
-    let total = sum(out);
-    for o in out.iter_mut() {
-        *o /= total;
     }
 }
 
@@ -696,6 +765,7 @@ fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &
 /// (`f32::max` may return either zero), which no caller's result shows:
 /// each subtracts it from values and exponentiates, or adds it to a
 /// logarithm that is at least `+0`.
+#[inline(always)]
 fn row_max(row: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let chunks = row.chunks_exact(LANES);
@@ -710,18 +780,21 @@ fn row_max(row: &[f32]) -> f32 {
         .fold(acc.into_iter().fold(f32::NEG_INFINITY, f32::max), f32::max)
 }
 
-/// `log(Σ exp(row))`, shifted by the row's maximum; `scratch` (the row's
-/// length) is overwritten. Log-softmax and token log-probabilities share it,
-/// hence their bits.
-fn log_sum_exp(row: &[f32], scratch: &mut [f32]) -> f32 {
-    let max = row_max(row);
-    for (s, &v) in scratch.iter_mut().zip(row) {
-        *s = v - max;
+widened! {
+    /// `log(Σ exp(row))`, shifted by the row's maximum; `scratch` (the row's
+    /// length) is overwritten. Log-softmax and token log-probabilities share it,
+    /// hence their bits.
+    fn log_sum_exp(row: &[f32], scratch: &mut [f32]) -> f32 {
+        let max = row_max(row);
+        for (s, &v) in scratch.iter_mut().zip(row) {
+            *s = v - max;
+        }
+        libm_exp_in_place(scratch);
+        max + libm::logf(sum(scratch))
     }
-    libm_exp_in_place(scratch);
-    max + libm::logf(sum(scratch))
 }
 
+#[inline(always)]
 fn inv_rms(row: &[f32], epsilon: f64) -> f32 {
     let mean = dot(row, row) / row.len() as f32;
     1.0 / (mean + epsilon as f32).sqrt()

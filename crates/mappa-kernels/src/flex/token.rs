@@ -77,24 +77,8 @@ pub(super) fn backward(
         (tensor(vec![0.0f32; n * width], shape), Some(rows))
     };
     let row_task = |r: usize, out: &mut [f32]| {
-        let lse = lse[r];
-        match &source {
-            Some(rows) => {
-                for (o, &v) in out.iter_mut().zip(rows.row(r)) {
-                    *o = v - lse;
-                }
-            }
-            None => out.iter_mut().for_each(|o| *o -= lse),
-        }
-        libm_exp_in_place(out);
-        // The gathered gradient as burn's scatter-add leaves it (0 + g, so
-        // -0 becomes +0), which is also the sum of its row.
-        let g = 0.0 + grad[r];
-        let at_target = out[ids[r]];
-        for o in out.iter_mut() {
-            *o = 0.0 - *o * g;
-        }
-        out[ids[r]] = g - at_target * g;
+        let logits = source.as_ref().map(|rows| rows.row(r));
+        logits_grad_row(out, logits, lse[r], grad[r], ids[r]);
     };
     let values = out.storage_mut::<f32>();
     if n <= ROWS_PER_TASK {
@@ -113,6 +97,31 @@ pub(super) fn backward(
             });
     }
     out
+}
+
+widened! {
+    /// One row of the logits' gradient, written into `out` (which holds the
+    /// row's logits unless `logits` gives them): `onehot(target) * g -
+    /// exp(logits - lse) * g`, as burn's graph computes it.
+    fn logits_grad_row(out: &mut [f32], logits: Option<&[f32]>, lse: f32, grad: f32, target: usize) {
+        match logits {
+            Some(row) => {
+                for (o, &v) in out.iter_mut().zip(row) {
+                    *o = v - lse;
+                }
+            }
+            None => out.iter_mut().for_each(|o| *o -= lse),
+        }
+        libm_exp_in_place(out);
+        // The gathered gradient as burn's scatter-add leaves it (0 + g, so
+        // -0 becomes +0), which is also the sum of its row.
+        let g = 0.0 + grad;
+        let at_target = out[target];
+        for o in out.iter_mut() {
+            *o = 0.0 - *o * g;
+        }
+        out[target] = g - at_target * g;
+    }
 }
 
 /// The rows of a `[.., width]` f32 tensor, read in place where each row is
