@@ -166,12 +166,7 @@ impl ModelBackend for Flex {
         let (x, shape) = contiguous(x);
         let gamma = contiguous(gamma).0;
         let d = gamma.len();
-        let out = fresh::rows(&x, d, |row, out| {
-            let inv = inv_rms(row, epsilon);
-            for ((o, &v), &g) in out.iter_mut().zip(row).zip(&gamma) {
-                *o = v * inv * g;
-            }
-        });
+        let out = fresh::rows(&x, d, |row, out| rms_norm_row(row, &gamma, epsilon, out));
         tensor(out, shape)
     }
 
@@ -255,17 +250,7 @@ impl ModelBackend for Flex {
 
     fn softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = contiguous(x);
-        let out = fresh::rows(&x, last_dim(&shape), |row, out| {
-            let max = row_max(row);
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = v - max;
-            }
-            libm_exp_in_place(out);
-            let total = sum(out);
-            for o in out.iter_mut() {
-                *o /= total;
-            }
-        });
+        let out = fresh::rows(&x, last_dim(&shape), softmax_row);
         tensor(out, shape)
     }
 
@@ -273,12 +258,7 @@ impl ModelBackend for Flex {
         let (y, shape) = contiguous(y);
         let (grad, _) = contiguous(grad);
         let d = last_dim(&shape);
-        let out = fresh::row_pairs(&y, &grad, d, |y, grad, out| {
-            let inner = dot(grad, y);
-            for ((o, &p), &g) in out.iter_mut().zip(y).zip(grad) {
-                *o = p * (g - inner);
-            }
-        });
+        let out = fresh::row_pairs(&y, &grad, d, softmax_backward_row);
         tensor(out, shape)
     }
 
@@ -299,12 +279,7 @@ impl ModelBackend for Flex {
 
     fn log_softmax_last(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, shape) = contiguous(x);
-        let out = fresh::rows(&x, last_dim(&shape), |row, out| {
-            let lse = log_sum_exp(row, out);
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = v - lse;
-            }
-        });
+        let out = fresh::rows(&x, last_dim(&shape), log_softmax_row);
         tensor(out, shape)
     }
 
@@ -315,14 +290,7 @@ impl ModelBackend for Flex {
         let (y, shape) = contiguous(y);
         let (grad, _) = contiguous(grad);
         let d = last_dim(&shape);
-        let out = fresh::row_pairs(&y, &grad, d, |y, grad, out| {
-            let total = sum(grad);
-            out.copy_from_slice(y);
-            libm_exp_in_place(out);
-            for (o, &g) in out.iter_mut().zip(grad) {
-                *o = g - *o * total;
-            }
-        });
+        let out = fresh::row_pairs(&y, &grad, d, log_softmax_backward_row);
         tensor(out, shape)
     }
 
@@ -582,77 +550,138 @@ enum RotateHalf {
     Inverse,
 }
 
-/// RoPE over rows of `d` elements, as burn's operations in
-/// `ModelBackend::rope`'s default compute it, rounding for rounding: the
-/// forward pass `(x * cos + rotate_half(x) * sin) * scale`, the backward
-/// pass `g * cos + rotate_half⁻¹(g * sin)` with `g = grad * scale`. The
-/// default rotates by a product with a signed permutation matrix: one FMA
-/// chain from +0 whose only nonzero term is `±v`, so each rotated element
-/// is `0 + (±v)` here, which keeps its bits, signed zeros included.
-fn rotate_rows(
-    y: &[f32],
-    cos: &[f32],
-    sin: &[f32],
-    scale: f32,
-    d: usize,
-    out: &mut [f32],
-    turn: RotateHalf,
-) {
-    let half = d / 2;
-    // The scaled gradient, which only the backward pass with a scale needs.
-    let mut scaled = if turn == RotateHalf::Inverse && scale != 1.0 {
-        vec![0.0f32; d]
-    } else {
-        Vec::new()
-    };
-    let mut turned = vec![0.0f32; d];
-    for (((y, cos), sin), out) in y
-        .chunks(d)
-        .zip(cos.chunks(d))
-        .zip(sin.chunks(d))
-        .zip(out.chunks_mut(d))
-    {
-        match turn {
-            RotateHalf::Forward => {
-                let (y1, y2) = y.split_at(half);
-                let (t1, t2) = turned.split_at_mut(half);
-                for ((t, &a), &b) in t1.iter_mut().zip(y2).zip(sin) {
-                    *t = (0.0 + -a) * b;
+widened! {
+    /// RoPE over rows of `d` elements, as burn's operations in
+    /// `ModelBackend::rope`'s default compute it, rounding for rounding: the
+    /// forward pass `(x * cos + rotate_half(x) * sin) * scale`, the backward
+    /// pass `g * cos + rotate_half⁻¹(g * sin)` with `g = grad * scale`. The
+    /// default rotates by a product with a signed permutation matrix: one FMA
+    /// chain from +0 whose only nonzero term is `±v`, so each rotated element
+    /// is `0 + (±v)` here, which keeps its bits, signed zeros included.
+    fn rotate_rows(
+        y: &[f32],
+        cos: &[f32],
+        sin: &[f32],
+        scale: f32,
+        d: usize,
+        out: &mut [f32],
+        turn: RotateHalf,
+    ) {
+        let half = d / 2;
+        // The scaled gradient, which only the backward pass with a scale needs.
+        let mut scaled = if turn == RotateHalf::Inverse && scale != 1.0 {
+            vec![0.0f32; d]
+        } else {
+            Vec::new()
+        };
+        let mut turned = vec![0.0f32; d];
+        for (((y, cos), sin), out) in y
+            .chunks(d)
+            .zip(cos.chunks(d))
+            .zip(sin.chunks(d))
+            .zip(out.chunks_mut(d))
+        {
+            match turn {
+                RotateHalf::Forward => {
+                    let (y1, y2) = y.split_at(half);
+                    let (t1, t2) = turned.split_at_mut(half);
+                    for ((t, &a), &b) in t1.iter_mut().zip(y2).zip(sin) {
+                        *t = (0.0 + -a) * b;
+                    }
+                    for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(&sin[half..]) {
+                        *t = (0.0 + a) * b;
+                    }
+                    for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
+                        *o = v * c + t;
+                    }
+                    if scale != 1.0 {
+                        for o in out.iter_mut() {
+                            *o *= scale;
+                        }
+                    }
                 }
-                for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(&sin[half..]) {
-                    *t = (0.0 + a) * b;
-                }
-                for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
-                    *o = v * c + t;
-                }
-                if scale != 1.0 {
-                    for o in out.iter_mut() {
-                        *o *= scale;
+                RotateHalf::Inverse => {
+                    let y = if scale == 1.0 {
+                        y
+                    } else {
+                        for (s, &v) in scaled.iter_mut().zip(y) {
+                            *s = v * scale;
+                        }
+                        &scaled
+                    };
+                    let (s1, s2) = sin.split_at(half);
+                    let (y1, y2) = y.split_at(half);
+                    let (t1, t2) = turned.split_at_mut(half);
+                    for ((t, &a), &b) in t1.iter_mut().zip(y2).zip(s2) {
+                        *t = 0.0 + a * b;
+                    }
+                    for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(s1) {
+                        *t = 0.0 + -(a * b);
+                    }
+                    for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
+                        *o = v * c + t;
                     }
                 }
             }
-            RotateHalf::Inverse => {
-                let y = if scale == 1.0 {
-                    y
-                } else {
-                    for (s, &v) in scaled.iter_mut().zip(y) {
-                        *s = v * scale;
-                    }
-                    &scaled
-                };
-                let (s1, s2) = sin.split_at(half);
-                let (y1, y2) = y.split_at(half);
-                let (t1, t2) = turned.split_at_mut(half);
-                for ((t, &a), &b) in t1.iter_mut().zip(y2).zip(s2) {
-                    *t = 0.0 + a * b;
-                }
-                for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(s1) {
-                    *t = 0.0 + -(a * b);
-                }
-                for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
-                    *o = v * c + t;
-                }
-            }
+        }
+    }
+}
+
+widened! {
+    /// One row of RMSNorm: `x * inv_rms(x) * gamma`, element by element.
+    fn rms_norm_row(row: &[f32], gamma: &[f32], epsilon: f64, out: &mut [f32]) {
+        let inv = inv_rms(row, epsilon);
+        for ((o, &v), &g) in out.iter_mut().zip(row).zip(gamma) {
+            *o = v * inv * g;
+        }
+    }
+}
+
+widened! {
+    /// One row's softmax: `exp(x - max) / Σ exp(x - max)`.
+    fn softmax_row(row: &[f32], out: &mut [f32]) {
+        let max = row_max(row);
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = v - max;
+        }
+        libm_exp_in_place(out);
+        let total = sum(out);
+        for o in out.iter_mut() {
+            *o /= total;
+        }
+    }
+}
+
+widened! {
+    /// One row of the softmax's gradient given its output `y`:
+    /// `y * (grad - grad · y)`.
+    fn softmax_backward_row(y: &[f32], grad: &[f32], out: &mut [f32]) {
+        let inner = dot(grad, y);
+        for ((o, &p), &g) in out.iter_mut().zip(y).zip(grad) {
+            *o = p * (g - inner);
+        }
+    }
+}
+
+widened! {
+    /// One row's log-softmax: `x - log_sum_exp(x)`.
+    fn log_softmax_row(row: &[f32], out: &mut [f32]) {
+        let lse = log_sum_exp(row, out);
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = v - lse;
+        }
+    }
+}
+
+widened! {
+    /// One row of the log-softmax's gradient given its output `y`:
+    /// `grad - exp(y) * Σ grad`.
+    fn log_softmax_backward_row(y: &[f32], grad: &[f32], out: &mut [f32]) {
+        let total = sum(grad);
+        out.copy_from_slice(y);
+        libm_exp_in_place(out);
+        for (o, &g) in out.iter_mut().zip(grad) {
+            *o = g - *o * total;
         }
     }
 }
