@@ -43,6 +43,15 @@ const TRANSPOSE_MAX_COLUMNS: usize = 1536;
 /// floats maps the rows gemm reads together to the same cache sets.
 const TRANSPOSE_PAD: usize = 16;
 
+/// A stride, in f32 values, whose multiples map every row to the same L1
+/// cache set (4 KiB; [`writes_column_major`]).
+const ALIASING_STRIDE: isize = 1024;
+
+/// The most columns of a row-major product for which gemm (at AVX-512's
+/// width) reads its left factor in place instead of packing it
+/// ([`writes_column_major`]).
+const NARROW_UNPACKED_COLUMNS: usize = 128;
+
 /// A single gemm call with at least this many multiply-adds uses threads.
 const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
 
@@ -124,12 +133,43 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
         } else {
             gemm::Parallelism::None
         };
-        gemm_chunked(&mut out, m, n, k, &lhs_view, 0, &rhs_view, 0, parallelism);
+        if writes_column_major(m, n, &lhs_view) && !lane_split(lhs, rhs) {
+            gemm_chunked(
+                &mut out,
+                m,
+                n,
+                k,
+                &lhs_view,
+                0,
+                &rhs_view,
+                0,
+                parallelism,
+                true,
+            );
+            // SAFETY: every element was written by gemm (`k > 0`), and
+            // MaybeUninit<f32> has f32's size and alignment.
+            let column_major =
+                unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<f32>(), m * n) };
+            let row_major = copy::transpose(column_major, [m, n], m, n);
+            return tensor(row_major, Shape::from(out_shape));
+        }
+        gemm_chunked(
+            &mut out,
+            m,
+            n,
+            k,
+            &lhs_view,
+            0,
+            &rhs_view,
+            0,
+            parallelism,
+            false,
+        );
     } else {
         let batch = |(b, out): (usize, &mut [MaybeUninit<f32>])| {
             let (lo, ro) = offsets(b);
             let none = gemm::Parallelism::None;
-            gemm_chunked(out, m, n, k, &lhs_view, lo, &rhs_view, ro, none);
+            gemm_chunked(out, m, n, k, &lhs_view, lo, &rhs_view, ro, none, false);
         };
         if batches * ops < GEMM_PARALLEL_OPS {
             // Small batches on the calling thread (see `for_rows`).
@@ -161,6 +201,7 @@ pub(super) fn lane_split(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
         rhs_cs: rl.strides()[rank - 1],
         rhs_rs: rl.strides()[rank - 2],
         parallelism: gemm::Parallelism::None,
+        dst_col_major: false,
     }
     .lane_split()
 }
@@ -196,6 +237,27 @@ fn copies_transposed_rhs(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
         && !lane_split(lhs, rhs)
 }
 
+/// Whether [`matmul`] has gemm write `lhs @ rhs` column-major and then
+/// transposes it: where `lhs`'s columns are a multiple of 4 KiB apart and
+/// the product is tall (`m > `[`NARROW_UNPACKED_COLUMNS`]) and narrow
+/// (`n <=` that). gemm computes a row-major product as its transpose, in
+/// which `lhs` becomes the right factor, and reads a right factor in place,
+/// unpacked, when the (transposed) product has at most twice its kernel's
+/// height of rows (128 with AVX-512); so it reads `lhs` a few values from
+/// each column, columns 4 KiB apart, all in the same L1 cache set. That is
+/// the 1m model's LM head weight gradient (`gradᵀ x`, `grad` 2048 logits
+/// wide): 160 GFLOP/s on an Intel Xeon, 240 GFLOP/s with a column-major
+/// destination, for which gemm keeps the factors as they are and packs
+/// `rhs` (`docs/experiments/speed.md`). The bits are the same: the packed
+/// kernels' one FMA chain per output element, whatever the destination's
+/// layout (`an_aliased_tall_narrow_product_keeps_its_bits`).
+fn writes_column_major(m: usize, n: usize, lhs: &View) -> bool {
+    lhs.col_stride != 1
+        && lhs.col_stride % ALIASING_STRIDE == 0
+        && m > NARROW_UNPACKED_COLUMNS
+        && n <= NARROW_UNPACKED_COLUMNS
+}
+
 /// A strided f32 matrix view: the data, the offset of element `[0, .., 0]`,
 /// and the strides of its last two dimensions.
 struct View<'a> {
@@ -217,7 +279,8 @@ impl<'a> View<'a> {
     }
 }
 
-/// `out (m x n, row-major) = lhs (m x k) @ rhs (k x n)`, in gemm calls of at
+/// `out (m x n, row-major, or column-major where `dst_col_major`) =
+/// lhs (m x k) @ rhs (k x n)`, in gemm calls of at
 /// most [`GEMM_MAX_K`] terms, each added to `out` in order of `k`; the
 /// first call overwrites `out` (its prior contents are never read).
 #[allow(clippy::too_many_arguments)]
@@ -231,6 +294,7 @@ fn gemm_chunked(
     rhs: &View,
     rhs_offset: isize,
     parallelism: gemm::Parallelism,
+    dst_col_major: bool,
 ) {
     let mut start = 0;
     while start < k {
@@ -247,6 +311,7 @@ fn gemm_chunked(
             rhs_cs: rhs.col_stride,
             rhs_rs: rhs.row_stride,
             parallelism,
+            dst_col_major,
         };
         // SAFETY: the views' offsets and strides come from burn layouts of
         // tensors whose storage holds every element they address; `out` is
@@ -275,6 +340,9 @@ struct GemmCall {
     rhs_cs: isize,
     rhs_rs: isize,
     parallelism: gemm::Parallelism,
+    /// Write `dst` column-major (`m x n`, column stride `m`) instead of
+    /// row-major.
+    dst_col_major: bool,
 }
 
 impl GemmCall {
@@ -299,10 +367,12 @@ impl GemmCall {
     ///
     /// # Safety
     /// `dst`, `lhs` and `rhs` must address every element their shapes and
-    /// strides reach; `dst` is dense and row-major.
+    /// strides reach; `dst` is dense (row-major, or column-major where
+    /// `dst_col_major`).
     unsafe fn run(&self, dst: *mut f32, lhs: *const f32, rhs: *const f32) {
         #[cfg(target_arch = "x86_64")]
         if self.lane_split() {
+            debug_assert!(!self.dst_col_major, "lane-split calls write row-major");
             if let Some(simd) = gemm_common::simd::V3::try_new() {
                 // SAFETY: as for `run`; AVX2 and FMA are present (`V3`).
                 unsafe { self.run_avx2(simd, dst, lhs, rhs) };
@@ -310,14 +380,19 @@ impl GemmCall {
             }
         }
         // SAFETY: as for `run`.
+        let (dst_cs, dst_rs) = if self.dst_col_major {
+            (self.m as isize, 1)
+        } else {
+            (1, self.n as isize)
+        };
         unsafe {
             gemm::gemm(
                 self.m,
                 self.n,
                 self.k,
                 dst,
-                1,
-                self.n as isize,
+                dst_cs,
+                dst_rs,
                 self.read_dst,
                 lhs,
                 self.lhs_cs,
@@ -662,6 +737,39 @@ mod tests {
             let want = bits_of(reference_on(path, &a, &b, m, k, n));
             let got = crate::matmul(t(a, [m, k]), column_major(b, k, n));
             prop_assert_eq!(bits(got), want);
+        }
+    }
+
+    /// A tall, narrow product whose left factor's columns are 4 KiB apart
+    /// (the 1m LM head's weight gradient, `gradᵀ x`), written column-major
+    /// by gemm and transposed ([`writes_column_major`]), and its neighbours
+    /// on either side of the rule: the packed kernels' bits every way.
+    #[test]
+    fn an_aliased_tall_narrow_product_keeps_its_bits() {
+        let k = 600;
+        for (m, n, column_major_written) in [
+            (ALIASING_STRIDE as usize, 24, true),
+            (ALIASING_STRIDE as usize, NARROW_UNPACKED_COLUMNS, true),
+            (ALIASING_STRIDE as usize, NARROW_UNPACKED_COLUMNS + 1, false),
+            (ALIASING_STRIDE as usize - 8, 24, false),
+            (NARROW_UNPACKED_COLUMNS, 24, false),
+        ] {
+            let (a, b) = (seeded(&[m, k], 5), seeded(&[k, n], 6));
+            // `lhs` as `gradᵀ`: a transposed view of a row-major [k, m].
+            let lhs = column_major(a.clone(), m, k);
+            let primitive = lhs.clone().into_primitive().tensor();
+            let view = View::new(&primitive, primitive.layout(), 2);
+            assert_eq!(
+                writes_column_major(m, n, &view),
+                column_major_written,
+                "{m} x {n}"
+            );
+            let got = crate::matmul(lhs, t(b.clone(), [k, n]));
+            let want: Vec<u32> = reference(&a, &b, m, k, n)
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(bits(got), want, "{m} x {k} x {n}");
         }
     }
 
