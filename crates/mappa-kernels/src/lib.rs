@@ -640,10 +640,7 @@ pub fn softmax<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D>
 pub fn causal_softmax<B: ModelBackend>(scores: Tensor<B, 4>, mask: &CausalMask) -> Tensor<B, 4> {
     let [b, _, rows, keys] = scores.dims();
     assert!(
-        mask.pad_left.len() == b
-            && mask.seq > 0
-            && rows % mask.seq == 0
-            && keys == mask.start + mask.seq,
+        mask.fits(b, rows, keys),
         "causal_softmax: the mask ({} rows, start {}, seq {}) does not fit scores {:?}",
         mask.pad_left.len(),
         mask.start,
@@ -753,6 +750,15 @@ pub struct CausalMask {
 }
 
 impl CausalMask {
+    /// Whether the mask fits scores of `batch` rows, `rows` query rows per
+    /// key/value head (whole heads of `seq` queries) and `keys` keys.
+    pub fn fits(&self, batch: usize, rows: usize, keys: usize) -> bool {
+        self.pad_left.len() == batch
+            && self.seq > 0
+            && rows % self.seq == 0
+            && keys == self.start + self.seq
+    }
+
     /// The keys the query at column `column` of batch row `row` sees: a
     /// range of key columns.
     pub fn keys(&self, row: usize, column: usize) -> std::ops::RangeInclusive<usize> {
@@ -946,10 +952,7 @@ pub fn attention<B: ModelBackend>(
         v.dims()
     );
     assert!(
-        mask.pad_left.len() == b
-            && mask.seq > 0
-            && rows % mask.seq == 0
-            && keys == mask.start + mask.seq,
+        mask.fits(b, rows, keys),
         "attention: the mask ({} rows, start {}, seq {}) does not fit q {:?} and k {:?}",
         mask.pad_left.len(),
         mask.start,
