@@ -133,7 +133,7 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
         } else {
             gemm::Parallelism::None
         };
-        if writes_column_major(m, n, &lhs_view) && !lane_split(lhs, rhs) {
+        if writes_column_major(m, n, &lhs_view) {
             gemm_chunked(
                 &mut out,
                 m,
@@ -250,7 +250,8 @@ fn copies_transposed_rhs(lhs: &FlexTensor, rhs: &FlexTensor) -> bool {
 /// destination, for which gemm keeps the factors as they are and packs
 /// `rhs` (`docs/experiments/speed.md`). The bits are the same: the packed
 /// kernels' one FMA chain per output element, whatever the destination's
-/// layout (`an_aliased_tall_narrow_product_keeps_its_bits`).
+/// layout (`an_aliased_tall_narrow_product_keeps_its_bits`). Such a call
+/// is never lane-split, which needs `lhs`'s rows contiguous.
 fn writes_column_major(m: usize, n: usize, lhs: &View) -> bool {
     lhs.col_stride != 1
         && lhs.col_stride % ALIASING_STRIDE == 0
