@@ -515,10 +515,12 @@ proptest! {
         }
         let mut text = serde_json::to_string_pretty(&json).unwrap();
         if let Some(cut) = &cut {
-            text.truncate(cut.index(text.len()));
-            while !text.is_char_boundary(text.len()) {
-                text.pop();
+            // Cut on a character boundary: the file stays UTF-8 text.
+            let mut at = cut.index(text.len());
+            while !text.is_char_boundary(at) {
+                at -= 1;
             }
+            text.truncate(at);
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.json");
