@@ -12,6 +12,17 @@
 //! about +7% for the 1m training step and +22-30% for generation at 1m and
 //! 25m.
 //!
+//! The pool's other threads stay awake for the whole step ([`keep_busy`]).
+//! A rayon worker that finds no work yields a few rounds and then sleeps,
+//! and waking it costs the issuing thread a system call and the step the
+//! wake-up's latency (tens of microseconds in a virtual machine): between
+//! two operations, the issuing thread's serial work (autodiff bookkeeping,
+//! allocation) is often long enough for the workers to fall asleep, so
+//! every small operation paid one. OpenMP runtimes keep their threads
+//! spinning for a while in the same way. While a thread waits it yields
+//! its core to whatever else is runnable, so other threads of the process
+//! (tests run side by side) are not starved.
+//!
 //! The pool is mappa's own, not rayon's global one, and hosts one step at a
 //! time. Two steps on one pool can deadlock: a worker waiting for its own
 //! step's tasks may take up the other step and run it on top of its own,
@@ -37,8 +48,9 @@ static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
 static BUSY: AtomicBool = AtomicBool::new(false);
 
 /// Runs `f` on a thread of the step pool if it is free and the caller is not
-/// on a rayon pool's thread already; on the calling thread otherwise.
-/// A panic in `f` reaches the caller and frees the pool.
+/// on a rayon pool's thread already, with the pool's other threads kept
+/// busy on its tasks ([`keep_busy`]) until it returns; on the calling thread
+/// otherwise. A panic in `f` reaches the caller and frees the pool.
 pub(crate) fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
         return f();
@@ -53,7 +65,41 @@ pub(crate) fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
         return f();
     }
     let _held = Held;
-    pool.install(f)
+    pool.install(|| {
+        let issuer = rayon::current_thread_index();
+        let done = AtomicBool::new(false);
+        rayon::scope(|scope| {
+            scope.spawn_broadcast(|_, thread| {
+                if Some(thread.index()) != issuer {
+                    keep_busy(&done);
+                }
+            });
+            let _done = SetOnDrop(&done);
+            f()
+        })
+    })
+}
+
+/// Runs the step's tasks as they come, yielding the core between polls,
+/// until `done`: a pool thread that ran out of work would otherwise go to
+/// sleep after a few microseconds, and the step's next operation would pay
+/// for waking it. Which thread runs a task changes no bit (threads never
+/// split a sum).
+fn keep_busy(done: &AtomicBool) {
+    while !done.load(Ordering::Acquire) {
+        if rayon::yield_now() != Some(rayon::Yield::Executed) {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Sets its flag when dropped, also while a panic unwinds.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// Frees the pool when dropped, also while a panic unwinds.
