@@ -755,7 +755,7 @@ impl CausalMask {
     pub fn fits(&self, batch: usize, rows: usize, keys: usize) -> bool {
         self.pad_left.len() == batch
             && self.seq > 0
-            && rows % self.seq == 0
+            && rows.is_multiple_of(self.seq)
             && keys == self.start + self.seq
     }
 

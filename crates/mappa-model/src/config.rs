@@ -270,7 +270,7 @@ impl TransformerConfig {
                 return field(name, "must be at least 1".into());
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return field(
                 "num_key_value_heads",
                 format!(
@@ -279,7 +279,7 @@ impl TransformerConfig {
                 ),
             );
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return field(
                 "head_dim",
                 format!("{} must be even for RoPE", self.head_dim),
@@ -628,7 +628,7 @@ impl HfConfig {
         let rope = self.rope()?;
         let num_kv_heads = self.num_key_value_heads.unwrap_or(self.num_attention_heads);
         if self.num_attention_heads == 0
-            || self.hidden_size % self.num_attention_heads != 0 && self.head_dim.is_none()
+            || !self.hidden_size.is_multiple_of(self.num_attention_heads) && self.head_dim.is_none()
         {
             return err(
                 "head_dim",

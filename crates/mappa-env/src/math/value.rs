@@ -234,11 +234,11 @@ fn split_square(mut n: u128) -> (u128, u128) {
     let (mut outside, mut radicand) = (1u128, 1u128);
     let mut p = 2u128;
     while p * p <= n {
-        while n % (p * p) == 0 {
+        while n.is_multiple_of(p * p) {
             outside *= p;
             n /= p * p;
         }
-        if n % p == 0 {
+        if n.is_multiple_of(p) {
             radicand *= p;
             n /= p;
         }

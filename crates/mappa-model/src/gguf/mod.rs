@@ -518,7 +518,7 @@ mod tests {
             code: u32,
             data: &[u8],
         ) -> &mut Self {
-            while self.data.len() % 32 != 0 {
+            while !self.data.len().is_multiple_of(32) {
                 self.data.push(0);
             }
             Self::string(&mut self.infos, name);
@@ -540,7 +540,7 @@ mod tests {
             out.extend(self.kv_count.to_le_bytes());
             out.extend(&self.kv);
             out.extend(&self.infos);
-            while out.len() % 32 != 0 {
+            while !out.len().is_multiple_of(32) {
                 out.push(0);
             }
             out.extend(&self.data);

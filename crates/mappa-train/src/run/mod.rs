@@ -242,7 +242,8 @@ where
     let stop = options.max_steps.map_or(total, |m| m.min(total));
     let has_eval = !runner.tasks.eval.is_empty();
     let eval_due = |step: usize| {
-        has_eval && (step == 0 || (manifest.eval.every > 0 && step % manifest.eval.every == 0))
+        has_eval
+            && (step == 0 || (manifest.eval.every > 0 && step.is_multiple_of(manifest.eval.every)))
     };
     let n = runner.tasks.train.len();
     let per_step = manifest.rollout.prompts_per_step;
