@@ -94,6 +94,26 @@ fn benches(c: &mut Criterion) {
             v
         })
     });
+    // The softmax's exponential (the `libm` crate's `expf`), one call per
+    // value against the vectorised port (same bits), on values of a
+    // softmax's range (at most 0).
+    let shifted: Vec<f32> = values.iter().map(|x| -x.abs()).collect();
+    group.bench_function("libm expf [1024*1536]/libm", |bench| {
+        bench.iter(|| {
+            let mut v = shifted.clone();
+            for x in &mut v {
+                *x = libm::expf(*x);
+            }
+            v
+        })
+    });
+    group.bench_function("libm expf [1024*1536]/mappa", |bench| {
+        bench.iter(|| {
+            let mut v = shifted.clone();
+            kernels::expf::libm_exp_in_place(&mut v);
+            v
+        })
+    });
     group.finish();
 }
 

@@ -5,14 +5,14 @@
 //! once to f32. Written out here so that SwiGLU's sigmoid (which has always
 //! used the C library's `expf`, to give the bits of burn's own `silu`) no
 //! longer depends on which C library or CPU variant of it runs, and so that
-//! it runs four values per instruction where the CPU has AVX2 instead of
-//! one call per value.
+//! it runs eight values per instruction where the CPU has AVX-512 (four
+//! with AVX2) instead of one call per value.
 //!
 //! The multiply-adds are fused, as in the C library's FMA variant
 //! (`__expf_fma`, the one glibc picks on every CPU with FMA): on two of the
 //! four billion inputs the unfused variant differs in the last bit. The
-//! scalar code (`f64::mul_add`) and the AVX2 code (`vfmadd`) do the same
-//! operations, so they give the same bits. `just check-expf` compares every
+//! scalar code (`f64::mul_add`) and the AVX2 and AVX-512 code (`vfmadd`) do
+//! the same operations, so they give the same bits. `just check-expf` compares every
 //! f32 input with the C library's; the unit tests check a sample and pin a
 //! few values, so the port is checked even where another C library runs.
 //! Measured in `just bench-kernels` (`exp`).
@@ -123,9 +123,15 @@ pub fn sigmoid_into(x: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `x[i] = exp(x[i])`, the same bits as [`exp`]: four values at a time
-/// with AVX2, one at a time without it.
+/// `x[i] = exp(x[i])`, the same bits as [`exp`]: eight values at a time
+/// with AVX-512, four with AVX2, one at a time without either.
 pub fn exp_in_place(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present (checked just above).
+        unsafe { avx512::exp_in_place(x) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: AVX2 and FMA are present (checked just above).
@@ -138,10 +144,17 @@ pub fn exp_in_place(x: &mut [f32]) {
 }
 
 /// `x[i] = libm::expf(x[i])` (the `libm` crate's software `expf`, FreeBSD's
-/// algorithm in f32: what the softmax kernels use), the same bits, eight
-/// values at a time with AVX2 where the argument is in the common range
-/// (`-inf` included), one `libm::expf` call per value elsewhere.
+/// algorithm in f32: what the softmax kernels use), the same bits, sixteen
+/// values at a time with AVX-512 or eight with AVX2 where the argument is
+/// in the common range (`-inf` included), one `libm::expf` call per value
+/// elsewhere.
 pub fn libm_exp_in_place(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512F is present (checked just above).
+        unsafe { avx512_libm::libm_exp_in_place(x) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 is present (checked just above).
@@ -192,6 +205,60 @@ mod avx2 {
             if _mm_movemask_ps(inside) != 0b1111 {
                 // Some lane needs the special cases: redo all four.
                 let input: [f32; 4] = std::mem::transmute(v);
+                for (value, input) in chunk.iter_mut().zip(input) {
+                    *value = exp(input);
+                }
+            }
+        }
+        for v in chunks.into_remainder() {
+            *v = exp(*v);
+        }
+    }
+}
+
+/// [`avx2`]'s steps on eight values in one AVX-512 register of doubles:
+/// each lane does the same operations, so the bits are the same.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{exp, C0, C1, C2, INV_LN2_32, OVERFLOW, SHIFT, TABLE, UNDERFLOW};
+
+    /// Eight f32 values through [`exp`]'s steps in double precision; lanes
+    /// outside `[UNDERFLOW, OVERFLOW]` (or NaN) are left for the caller.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        let xd = _mm512_cvtps_pd(x);
+        let inv_ln2 = _mm512_set1_pd(INV_LN2_32);
+        let rounded = _mm512_fmadd_pd(inv_ln2, xd, _mm512_set1_pd(SHIFT));
+        let k = _mm512_castpd_si512(rounded);
+        let kd = _mm512_sub_pd(rounded, _mm512_set1_pd(SHIFT));
+        let r = _mm512_fmsub_pd(inv_ln2, xd, kd);
+        let index = _mm512_and_si512(k, _mm512_set1_epi64(31));
+        let entry = _mm512_i64gather_epi64::<8>(index, TABLE.as_ptr().cast::<i64>());
+        let scale = _mm512_castsi512_pd(_mm512_add_epi64(entry, _mm512_slli_epi64::<47>(k)));
+        let p = _mm512_fmadd_pd(_mm512_set1_pd(C0), r, _mm512_set1_pd(C1));
+        let y = _mm512_fmadd_pd(_mm512_set1_pd(C2), r, _mm512_set1_pd(1.0));
+        let y = _mm512_fmadd_pd(p, _mm512_mul_pd(r, r), y);
+        _mm512_cvtpd_ps(_mm512_mul_pd(y, scale))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_in_place(x: &mut [f32]) {
+        let (low, high) = (_mm256_set1_ps(UNDERFLOW), _mm256_set1_ps(OVERFLOW));
+        let mut chunks = x.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            let v = _mm256_loadu_ps(chunk.as_ptr());
+            let out = exp8(v);
+            // Ordered comparisons: NaN lanes count as out of range.
+            let inside = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(v, low),
+                _mm256_cmp_ps::<_CMP_LE_OQ>(v, high),
+            );
+            _mm256_storeu_ps(chunk.as_mut_ptr(), out);
+            if _mm256_movemask_ps(inside) != 0xff {
+                // Some lane needs the special cases: redo all eight.
+                let input: [f32; 8] = std::mem::transmute(v);
                 for (value, input) in chunk.iter_mut().zip(input) {
                     *value = exp(input);
                 }
@@ -328,6 +395,103 @@ mod avx2_libm {
     }
 }
 
+/// [`avx2_libm`]'s steps on sixteen lanes of an AVX-512 register, the
+/// lane selections done with mask registers: each lane does the same
+/// operations, unfused, so the bits are the same.
+#[cfg(target_arch = "x86_64")]
+mod avx512_libm {
+    use std::arch::x86_64::*;
+
+    use super::freebsd::{INV_LN2, LN2_HI, LN2_LO, P1, P2};
+
+    /// Sixteen lanes of `libm::expf`'s common path, as `avx2_libm::exp8`
+    /// covers it. Returns the values and a mask of the lanes that it did not
+    /// cover.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp16(x: __m512) -> (__m512, __mmask16) {
+        let bits = _mm512_castps_si512(x);
+        let abs = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fff_ffff));
+        let negative = _mm512_cmplt_epi32_mask(bits, _mm512_setzero_si512());
+        let above = |t: i32| _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(t));
+        // k: round(x / ln 2) above 1.5 ln 2, +-1 above 0.5 ln 2, else 0.
+        let half = _mm512_mask_blend_ps(negative, _mm512_set1_ps(0.5), _mm512_set1_ps(-0.5));
+        let k_far = _mm512_cvttps_epi32(_mm512_add_ps(
+            _mm512_mul_ps(_mm512_set1_ps(INV_LN2), x),
+            half,
+        ));
+        let k_near = _mm512_mask_blend_epi32(negative, _mm512_set1_epi32(1), _mm512_set1_epi32(-1));
+        let k = _mm512_mask_blend_epi32(
+            above(0x3f85_1592),
+            _mm512_maskz_mov_epi32(above(0x3eb1_7218), k_near),
+            k_far,
+        );
+        let kf = _mm512_cvtepi32_ps(k);
+        let hi = _mm512_sub_ps(x, _mm512_mul_ps(kf, _mm512_set1_ps(LN2_HI)));
+        let lo = _mm512_mul_ps(kf, _mm512_set1_ps(LN2_LO));
+        let r = _mm512_sub_ps(hi, lo);
+        let rr = _mm512_mul_ps(r, r);
+        let c = _mm512_sub_ps(
+            r,
+            _mm512_mul_ps(
+                rr,
+                _mm512_add_ps(_mm512_set1_ps(P1), _mm512_mul_ps(rr, _mm512_set1_ps(P2))),
+            ),
+        );
+        let quotient = _mm512_div_ps(_mm512_mul_ps(r, c), _mm512_sub_ps(_mm512_set1_ps(2.0), c));
+        let y = _mm512_add_ps(
+            _mm512_set1_ps(1.0),
+            _mm512_add_ps(_mm512_sub_ps(quotient, lo), hi),
+        );
+        // 2^k as a float (k within the normal exponents in the covered range).
+        let scale = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(
+            k,
+            _mm512_set1_epi32(127),
+        )));
+        // Below -103.97 (and -inf, not NaN): +0.
+        let underflow = !above(0x7f80_0000) & above(0x42cf_f1b4) & negative;
+        let out = _mm512_maskz_mov_ps(!underflow, _mm512_mul_ps(y, scale));
+        // |x| up to 2^-13 (zeros included): `1 + x`.
+        let small = !above(0x3900_0000);
+        let out = _mm512_mask_blend_ps(small, out, _mm512_add_ps(_mm512_set1_ps(1.0), x));
+        // Covered: |x| in (2^-13, 86.6] (k >= -125), the underflow, or small.
+        let covered = (above(0x3900_0000) & !above(0x42ad_3333)) | underflow | small;
+        (out, !covered)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn libm_exp_in_place(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(16);
+        for chunk in &mut chunks {
+            let v = _mm512_loadu_ps(chunk.as_ptr());
+            let (out, uncovered) = exp16(v);
+            _mm512_storeu_ps(chunk.as_mut_ptr(), out);
+            if uncovered != 0 {
+                let input: [f32; 16] = std::mem::transmute(v);
+                for (lane, value) in chunk.iter_mut().enumerate() {
+                    if uncovered & (1 << lane) != 0 {
+                        *value = libm::expf(input[lane]);
+                    }
+                }
+            }
+        }
+        // The last few values: a masked load and store (the other lanes
+        // are zeros, which the common path covers).
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let live: __mmask16 = (1 << rest.len()) - 1;
+            let v = _mm512_maskz_loadu_ps(live, rest.as_ptr());
+            let (out, uncovered) = exp16(v);
+            _mm512_mask_storeu_ps(rest.as_mut_ptr(), live, out);
+            let input: [f32; 16] = std::mem::transmute(v);
+            for (lane, value) in rest.iter_mut().enumerate() {
+                if uncovered & (1 << lane) != 0 {
+                    *value = libm::expf(input[lane]);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,14 +549,23 @@ mod tests {
         let inputs: Vec<f32> = sample(65_537)
             .chain([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 88.72, -103.97])
             .collect();
-        let mut vectorised = inputs.clone();
-        exp_in_place(&mut vectorised);
-        for (x, got) in inputs.iter().zip(&vectorised) {
-            let want = exp(*x);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "exp({x:e}): vectorised {got:e}, scalar {want:e}"
-            );
+        for (path, exp_in_place) in exp_paths() {
+            let mut vectorised = inputs.clone();
+            // Every length of a partial last register, and the rest whole.
+            let mut rest = vectorised.as_mut_slice();
+            for len in 1..=8 {
+                let (part, after) = rest.split_at_mut(len);
+                exp_in_place(part);
+                rest = after;
+            }
+            exp_in_place(rest);
+            for (x, got) in inputs.iter().zip(&vectorised) {
+                let want = exp(*x);
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "exp({x:e}): {path} {got:e}, scalar {want:e}"
+                );
+            }
         }
         let mut sigmoids = vec![0.0; inputs.len()];
         sigmoid_into(&inputs, &mut sigmoids);
@@ -418,22 +591,64 @@ mod tests {
                 1.3e-4, 1e-40,
             ])
             .collect();
-        let mut vectorised = inputs.clone();
-        // Every length of a partial last register, and the rest whole.
-        let mut rest = vectorised.as_mut_slice();
-        for len in 1..=8 {
-            let (part, after) = rest.split_at_mut(len);
-            libm_exp_in_place(part);
-            rest = after;
+        for (path, libm_exp_in_place) in libm_exp_paths() {
+            let mut vectorised = inputs.clone();
+            // Every length of a partial last register, and the rest whole.
+            let mut rest = vectorised.as_mut_slice();
+            for len in 1..=16 {
+                let (part, after) = rest.split_at_mut(len);
+                libm_exp_in_place(part);
+                rest = after;
+            }
+            libm_exp_in_place(rest);
+            for (x, got) in inputs.iter().zip(&vectorised) {
+                let want = libm::expf(*x);
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "expf({x:e}): {path} {got:e}, libm {want:e}"
+                );
+            }
         }
-        libm_exp_in_place(rest);
-        for (x, got) in inputs.iter().zip(&vectorised) {
-            let want = libm::expf(*x);
-            assert!(
-                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                "expf({x:e}): vectorised {got:e}, libm {want:e}"
-            );
+    }
+
+    /// An implementation of an in-place exponential, by name.
+    type Path = (&'static str, fn(&mut [f32]));
+
+    /// [`exp_in_place`] and each vectorised path this CPU can run, by name
+    /// (the dispatched one takes only the widest).
+    fn exp_paths() -> Vec<Path> {
+        let mut paths: Vec<Path> = vec![("dispatched", exp_in_place)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") {
+                // SAFETY: AVX2 and FMA are present (checked just above).
+                paths.push(("avx2", |x| unsafe { avx2::exp_in_place(x) }));
+            }
+            if has!("avx512f") {
+                // SAFETY: AVX-512F is present (checked just above).
+                paths.push(("avx512f", |x| unsafe { avx512::exp_in_place(x) }));
+            }
         }
+        paths
+    }
+
+    /// [`libm_exp_in_place`] and each vectorised path this CPU can run.
+    fn libm_exp_paths() -> Vec<Path> {
+        let mut paths: Vec<Path> = vec![("dispatched", libm_exp_in_place)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") {
+                // SAFETY: AVX2 is present (checked just above).
+                paths.push(("avx2", |x| unsafe { avx2_libm::libm_exp_in_place(x) }));
+            }
+            if has!("avx512f") {
+                // SAFETY: AVX-512F is present (checked just above).
+                paths.push(("avx512f", |x| unsafe { avx512_libm::libm_exp_in_place(x) }));
+            }
+        }
+        paths
     }
 
     /// Every f32 input, a million at a time, through `vectorised` against
@@ -464,7 +679,10 @@ mod tests {
     #[test]
     #[ignore]
     fn the_vectorised_libm_path_gives_libm_bits_on_every_f32() {
-        every_f32_agrees(libm_exp_in_place, libm::expf);
+        for (path, vectorised) in libm_exp_paths().into_iter().skip(1) {
+            eprintln!("every f32 through the {path} path");
+            every_f32_agrees(vectorised, libm::expf);
+        }
     }
 
     /// Every f32 input through the vectorised path against the scalar one
@@ -472,7 +690,10 @@ mod tests {
     #[test]
     #[ignore]
     fn the_vectorised_path_gives_the_scalar_bits_on_every_f32() {
-        every_f32_agrees(exp_in_place, exp);
+        for (path, vectorised) in exp_paths().into_iter().skip(1) {
+            eprintln!("every f32 through the {path} path");
+            every_f32_agrees(vectorised, exp);
+        }
     }
 
     /// Every f32 input against the C library (`just check-expf`; about half
