@@ -133,26 +133,7 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
         } else {
             gemm::Parallelism::None
         };
-        if writes_column_major(m, n, &lhs_view) {
-            gemm_chunked(
-                &mut out,
-                m,
-                n,
-                k,
-                &lhs_view,
-                0,
-                &rhs_view,
-                0,
-                parallelism,
-                true,
-            );
-            // SAFETY: every element was written by gemm (`k > 0`), and
-            // MaybeUninit<f32> has f32's size and alignment.
-            let column_major =
-                unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<f32>(), m * n) };
-            let row_major = copy::transpose(column_major, [m, n], m, n);
-            return tensor(row_major, Shape::from(out_shape));
-        }
+        let col_major = writes_column_major(m, n, &lhs_view);
         gemm_chunked(
             &mut out,
             m,
@@ -163,8 +144,16 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
             &rhs_view,
             0,
             parallelism,
-            false,
+            col_major,
         );
+        if col_major {
+            // SAFETY: every element was written by gemm (`k > 0`), and
+            // MaybeUninit<f32> has f32's size and alignment.
+            let column_major =
+                unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<f32>(), m * n) };
+            let row_major = copy::transpose(column_major, [m, n], m, n);
+            return tensor(row_major, Shape::from(out_shape));
+        }
     } else {
         let batch = |(b, out): (usize, &mut [MaybeUninit<f32>])| {
             let (lo, ro) = offsets(b);

@@ -64,7 +64,7 @@ pub(crate) fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     {
         return f();
     }
-    let _held = Held;
+    let _free = StoreOnDrop(&BUSY, false);
     pool.install(|| {
         let issuer = rayon::current_thread_index();
         let done = AtomicBool::new(false);
@@ -74,7 +74,7 @@ pub(crate) fn run<R: Send>(f: impl FnOnce() -> R + Send) -> R {
                     keep_busy(&done);
                 }
             });
-            let _done = SetOnDrop(&done);
+            let _done = StoreOnDrop(&done, true);
             f()
         })
     })
@@ -93,21 +93,13 @@ fn keep_busy(done: &AtomicBool) {
     }
 }
 
-/// Sets its flag when dropped, also while a panic unwinds.
-struct SetOnDrop<'a>(&'a AtomicBool);
+/// Stores its value in its flag when dropped, also while a panic unwinds:
+/// the step's end for [`keep_busy`], the pool's release in [`BUSY`].
+struct StoreOnDrop<'a>(&'a AtomicBool, bool);
 
-impl Drop for SetOnDrop<'_> {
+impl Drop for StoreOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-/// Frees the pool when dropped, also while a panic unwinds.
-struct Held;
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        BUSY.store(false, Ordering::Release);
+        self.0.store(self.1, Ordering::Release);
     }
 }
 
