@@ -77,7 +77,15 @@ pub(super) fn matmul(
         while i < count {
             let take = (count - i).min(BLOCK);
             let row = |r: usize| &lhs[(first + i + r.min(take - 1)) * lhs_rs..][..k];
-            let results = block(std::array::from_fn(row), &packed, k);
+            // The rows after these, up to the last: read from memory while
+            // these are reduced.
+            let next = |r: usize| &lhs[(first + i + take + r).min(m - 1) * lhs_rs..][..k];
+            let results = block(
+                std::array::from_fn(row),
+                std::array::from_fn(next),
+                &packed,
+                k,
+            );
             for (r, result) in results.iter().take(take).enumerate() {
                 out[(i + r) * n..][..n].copy_from_slice(&result[..n]);
             }
@@ -98,8 +106,14 @@ pub(super) fn matmul(
 }
 
 /// The eight outputs of each of [`BLOCK`] `lhs` rows: slices of at most
-/// [`GEMM_MAX_K`] terms added in order.
-fn block(rows: [&[f32]; BLOCK], packed: &[f32], k: usize) -> [[f32; MAX_COLUMNS]; BLOCK] {
+/// [`GEMM_MAX_K`] terms added in order. `next` are the rows to be reduced
+/// after these, which the kernel asks the CPU to fetch.
+fn block(
+    rows: [&[f32]; BLOCK],
+    next: [&[f32]; BLOCK],
+    packed: &[f32],
+    k: usize,
+) -> [[f32; MAX_COLUMNS]; BLOCK] {
     let mut total = [[0.0f32; MAX_COLUMNS]; BLOCK];
     let mut start = 0;
     while start < k {
@@ -123,7 +137,8 @@ fn block(rows: [&[f32]; BLOCK], packed: &[f32], k: usize) -> [[f32; MAX_COLUMNS]
         } else {
             // SAFETY: `available()` was checked by `matmul`; every row
             // slice and `terms` hold `len` terms.
-            let chains = unsafe { avx2::chains(slice, terms, len) };
+            let next = next.map(|row| &row[start..start + len]);
+            let chains = unsafe { avx2::chains(slice, next, terms, len) };
             for (total, chain) in total.iter_mut().zip(chains) {
                 for (t, c) in total.iter_mut().zip(chain) {
                     *t = if start == 0 { c } else { *t + c };
@@ -141,28 +156,42 @@ mod avx2 {
 
     use super::{BLOCK, MAX_COLUMNS};
 
+    /// Values of a row per 64-byte cache line.
+    const LINE: usize = 16;
+
     /// For each of [`BLOCK`] rows, the eight chains `fma(row[p], terms[p][j],
-    /// acc)` over `p` in order from zero.
+    /// acc)` over `p` in order from zero. Each cache line of the rows is
+    /// met with a prefetch of the same line of `next`'s rows: the hardware
+    /// prefetchers, which follow a few long streams, fall behind on eight
+    /// rows of a few KiB read side by side, and the kernel then waits for
+    /// memory (decoding's products ran at about half the bandwidth).
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; each row holds `len` values and `terms`
-    /// `len * 8`.
+    /// The CPU has AVX2 and FMA; each row and each of `next` holds `len`
+    /// values, and `terms` `len * 8`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn chains(
         rows: [&[f32]; BLOCK],
+        next: [&[f32]; BLOCK],
         terms: &[f32],
         len: usize,
     ) -> [[f32; MAX_COLUMNS]; BLOCK] {
-        debug_assert!(rows.iter().all(|r| r.len() >= len) && terms.len() >= len * MAX_COLUMNS);
+        debug_assert!(rows.iter().chain(&next).all(|r| r.len() >= len));
+        debug_assert!(terms.len() >= len * MAX_COLUMNS);
         let mut acc = [_mm256_setzero_ps(); BLOCK];
         let t = terms.as_ptr();
         let r = rows.map(|row| row.as_ptr());
-        for p in 0..len {
-            // SAFETY: `p < len`, within every row and `terms`.
-            unsafe {
-                let b = _mm256_loadu_ps(t.add(p * MAX_COLUMNS));
-                for q in 0..BLOCK {
-                    acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(*r[q].add(p)), b, acc[q]);
+        for line in (0..len).step_by(LINE) {
+            for row in &next {
+                _mm_prefetch::<_MM_HINT_T0>(row[line..].as_ptr().cast());
+            }
+            for p in line..len.min(line + LINE) {
+                // SAFETY: `p < len`, within every row and `terms`.
+                unsafe {
+                    let b = _mm256_loadu_ps(t.add(p * MAX_COLUMNS));
+                    for q in 0..BLOCK {
+                        acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(*r[q].add(p)), b, acc[q]);
+                    }
                 }
             }
         }
@@ -177,6 +206,7 @@ mod avx2 {
 
     /// Never called: [`super::available`] is false off x86-64.
     pub(super) unsafe fn chains(
+        _: [&[f32]; BLOCK],
         _: [&[f32]; BLOCK],
         _: &[f32],
         _: usize,
