@@ -27,7 +27,7 @@ const BLOCK: usize = 8;
 const ROWS_PER_TASK: usize = 64;
 
 /// At least this many multiply-adds (`m * n * k`) use threads.
-const PARALLEL_OPS: usize = 1 << 21;
+const PARALLEL_OPS: usize = 1 << 19;
 
 /// Whether this CPU runs the kernel (AVX2 and FMA); elsewhere callers keep
 /// to gemm, which gives the same bits.
