@@ -112,12 +112,27 @@ pub(super) fn transpose(
     );
     let bands = (ELEMENTS_PER_TASK / (TILE * out_stride).max(1)).max(1);
     let chunk = bands * TILE * out_stride;
+    let simd = avx::available();
     let fill = |first: usize, out: &mut [std::mem::MaybeUninit<f32>]| {
         let (row_0, band_rows) = (first / out_stride, out.len() / out_stride);
         for col_0 in (0..cols).step_by(TILE) {
             let tile_cols = TILE.min(cols - col_0);
             for r in (0..band_rows).step_by(TILE) {
                 let tile_rows = TILE.min(band_rows - r);
+                if simd && tile_rows == TILE && tile_cols == TILE {
+                    for (dr, dc) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
+                        let from = (col_0 + dc) * stride + row_0 + r + dr;
+                        let to = (r + dr) * out_stride + col_0 + dc;
+                        // SAFETY: AVX is available; the block's 8 source
+                        // runs of 8 (columns `col_0 + dc ..`, rows from
+                        // `row_0 + r + dr`) lie within `src`, and its 8
+                        // destination runs within this band's `out`.
+                        unsafe {
+                            avx::transpose_8x8(&src[from..], stride, &mut out[to..], out_stride)
+                        };
+                    }
+                    continue;
+                }
                 for c in col_0..col_0 + tile_cols {
                     let from = c * stride + row_0 + r;
                     for (i, &v) in src[from..from + tile_rows].iter().enumerate() {
@@ -133,6 +148,75 @@ pub(super) fn transpose(
     // SAFETY: each task's bands cover its chunk: every row of it, every
     // column and the padding of each row.
     unsafe { fresh::written(rows * out_stride, chunk, fill) }
+}
+
+/// An 8 x 8 block transposed in AVX registers, for the tiles of
+/// [`transpose`]: the values moved, no arithmetic.
+mod avx {
+    use std::mem::MaybeUninit;
+
+    /// Whether this CPU has AVX.
+    pub(super) fn available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// `dst[i * dst_stride + j] = src[j * src_stride + i]` for `i, j < 8`.
+    ///
+    /// # Safety
+    /// The CPU has AVX ([`available`]); `src` holds `7 * src_stride + 8`
+    /// values and `dst` `7 * dst_stride + 8`.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn transpose_8x8(
+        src: &[f32],
+        src_stride: usize,
+        dst: &mut [MaybeUninit<f32>],
+        dst_stride: usize,
+    ) {
+        use std::arch::x86_64::*;
+        assert!(src.len() >= 7 * src_stride + 8 && dst.len() >= 7 * dst_stride + 8);
+        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
+        // SAFETY: every run of 8 is within the slices (asserted above).
+        unsafe {
+            let v: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(src.add(j * src_stride)));
+            // Pairs of rows interleaved, then pairs of pairs, then halves.
+            let t: [__m256; 8] = std::array::from_fn(|i| {
+                let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+                if i % 2 == 0 {
+                    _mm256_unpacklo_ps(a, b)
+                } else {
+                    _mm256_unpackhi_ps(a, b)
+                }
+            });
+            let s: [__m256; 8] = std::array::from_fn(|i| {
+                let (a, b) = (t[i / 4 * 4 + i % 4 / 2], t[i / 4 * 4 + i % 4 / 2 + 2]);
+                if i % 2 == 0 {
+                    _mm256_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm256_shuffle_ps::<0xEE>(a, b)
+                }
+            });
+            for i in 0..4 {
+                let low = _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4]);
+                let high = _mm256_permute2f128_ps::<0x31>(s[i], s[i + 4]);
+                _mm256_storeu_ps(dst.add(i * dst_stride), low);
+                _mm256_storeu_ps(dst.add((i + 4) * dst_stride), high);
+            }
+        }
+    }
+
+    /// Never called: [`available`] is false off x86-64.
+    #[cfg(not(target_arch = "x86_64"))]
+    pub(super) unsafe fn transpose_8x8(_: &[f32], _: usize, _: &mut [MaybeUninit<f32>], _: usize) {
+        unreachable!("the AVX transpose needs x86-64")
+    }
 }
 
 /// The layout with size-1 dimensions dropped and neighbours that form one
