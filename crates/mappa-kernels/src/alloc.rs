@@ -9,17 +9,17 @@
 //! reuse instead. Allocation does not touch any value, so results are the
 //! same bits either way.
 
-/// Requests up to this size come from malloc's heaps; larger ones are
-/// mapped and unmapped on their own (glibc's own upper bound for its
-/// adaptive threshold).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const MMAP_THRESHOLD: libc::c_int = 32 << 20;
-
 /// Tells glibc's `malloc` to keep freed memory in the process (give it back
-/// only when 2 GiB are free at a heap's top), to serve requests up to
-/// 32 MiB from its heaps, and to serve every thread from its main heap.
-/// Fixing the trim threshold also fixes the mmap threshold (glibc stops
-/// adapting it), which is why both are set. The one heap is for the
+/// only when 2 GiB are free at a heap's top), to serve every request from
+/// its heaps, and to serve every thread from its main heap.
+///
+/// By default glibc maps each request above its mmap threshold (at most
+/// 32 MiB) on its own and unmaps it when freed, so such a buffer was
+/// faulted in and zeroed by the kernel on every call: the 25m benchmark's
+/// logits (`[8, 128, 8192]` f32, 32 MiB and a header) and their gradient,
+/// SmolLM2's (200 MiB). Served from the heap, the 25m forward pass ran
+/// 1.05x and its training step 1.07x faster, with `just bench-memory`'s
+/// peaks unchanged (`docs/experiments/speed.md`). The one heap is for the
 /// threads that run whole steps (`flex/steps.rs`): a thread's own arena
 /// is made of mapped heaps of at most 64 MiB, each unmapped as soon as
 /// everything in it is freed, so a step's buffers were faulted in again on
@@ -33,8 +33,8 @@ pub fn keep_freed_memory() {
     // SAFETY: `mallopt` only changes malloc's parameters; called before
     // other threads allocate.
     unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
         libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
         libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_MAX, 0);
     }
 }
