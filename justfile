@@ -117,7 +117,7 @@ hf-roundtrip: setup-torch
     cargo run --release --locked -p mappa-model --example save_checkpoints -- target/hf-roundtrip
     {{python}} fixtures/check_hf_load.py target/hf-roundtrip
 
-# What the fixed summation order costs: mappa-kernels' CPU operations against burn's own, op by op (criterion, release).
+# What the fixed summation order costs: mappa-kernels' CPU operations against burn's own, op by op, and decoding's products over a 25m step's weights (criterion, release).
 bench-kernels *ARGS:
     cargo bench -p mappa-benches --bench kernels --locked -- {{ARGS}}
 

@@ -1,8 +1,9 @@
 //! What the fixed summation order costs: each of `mappa-kernels`' CPU
 //! operations against burn's own on the same tensors, at the shapes of the
 //! 25m config's training step (batch 8 x 128 tokens, hidden 512, MLP 1536,
-//! 8 heads, vocab 8192), and SwiGLU with its exponential. `just
-//! bench-kernels` runs it.
+//! 8 heads, vocab 8192), SwiGLU with its exponential, and decoding's
+//! products over every weight of a 25m decoding step (no counterpart: burn
+//! packs each weight for such a product). `just bench-kernels` runs it.
 
 // `criterion_group!` defines a public function without docs.
 #![allow(missing_docs)]
