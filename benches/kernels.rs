@@ -95,34 +95,37 @@ fn benches(c: &mut Criterion) {
     group.bench_function("libm expf [1024*1536]/mappa", |bench| {
         bench.iter(|| mapped(&shifted, kernels::expf::libm_exp_in_place))
     });
-    // Decoding's products: every weight of one 25m decoding step (7 layers'
-    // projections and the tied LM head, about 105 MB) times the step's eight
-    // token rows (`W xᵀ`), the weights read from memory as in generation.
-    let mut weights = Vec::new();
-    for layer in 0..7u64 {
-        for (i, (out, inp)) in [
-            (512, 512),
-            (256, 512),
-            (256, 512),
-            (512, 512),
-            (1536, 512),
-            (1536, 512),
-            (512, 1536),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            weights.push(tensor([out, inp], 100 + layer * 8 + i as u64));
-        }
-    }
-    weights.push(tensor([8192, 512], 99));
-    let (x512, x1536) = (tensor([8, 512], 9), tensor([8, 1536], 10));
+    // Decoding's products: every weight of one 25m decoding step (each
+    // layer's projections and the tied LM head, about 105 MB) times the
+    // step's eight token rows (`W xᵀ`), the weights read from memory as in
+    // generation.
+    let config = mappa_benches::Size::M25.config();
+    let (hidden, inter) = (config.hidden_size, config.intermediate_size);
+    let (q, kv) = (
+        config.num_heads * config.head_dim,
+        config.num_kv_heads * config.head_dim,
+    );
+    let layer = [
+        (q, hidden),
+        (kv, hidden),
+        (kv, hidden),
+        (hidden, q),
+        (inter, hidden),
+        (inter, hidden),
+        (hidden, inter),
+    ];
+    let shapes = (0..config.num_layers)
+        .flat_map(|_| layer)
+        .chain([(config.vocab_size, hidden)]);
+    let products: Vec<_> = shapes
+        .zip(100u64..)
+        .map(|((out, inp), seed)| (tensor([out, inp], seed), tensor([8, inp], seed + 1000)))
+        .collect();
     group.bench_function(
         "decode W xT, a 25m step's weights (8 tokens)/mappa",
         |bench| {
             bench.iter(|| {
-                for w in &weights {
-                    let x = if w.dims()[1] == 512 { &x512 } else { &x1536 };
+                for (w, x) in &products {
                     std::hint::black_box(
                         kernels::matmul(w.clone(), x.clone().transpose()).into_primitive(),
                     );
