@@ -290,6 +290,64 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         }
     }
 
+    fn dense_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct DenseAttention;
+
+        impl<B: ModelBackend> Backward<B, 3> for DenseAttention {
+            /// `q`, `k`, `v` and the probabilities.
+            type State = (
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                FloatTensor<B>,
+            );
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 3>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                let (q, k, v, probs) = ops.state;
+                let grad = grads.consume::<B>(&ops.node);
+                let (dq, dk, dv) = B::dense_attention_backward(q, k, v, probs, grad);
+                for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
+                    if let Some(parent) = parent {
+                        grads.register::<B>(parent.id, grad);
+                    }
+                }
+            }
+        }
+
+        match DenseAttention
+            .prepare::<C>([q.node.clone(), k.node.clone(), v.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (out, probs) = B::dense_attention_with_probs(
+                    q.primitive.clone(),
+                    k.primitive.clone(),
+                    v.primitive.clone(),
+                    mask,
+                );
+                prep.finish((q.primitive, k.primitive, v.primitive, probs), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::dense_attention(
+                q.primitive,
+                k.primitive,
+                v.primitive,
+                mask,
+            )),
+        }
+    }
+
     fn embed_tokens(weights: FloatTensor<Self>, indices: IntTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct EmbedTokens;
@@ -672,6 +730,42 @@ mod tests {
             .sum()
             .backward();
         close(x.grad(&mine).unwrap(), x.grad(&theirs).unwrap());
+    }
+
+    /// Dense attention as one node gives the output and gradients of the
+    /// three nodes it replaces (the scores' product, the masked softmax and
+    /// the output's product), bit for bit: keys and values with a head size
+    /// of 20 and five keys, queries in groups of two, left padding and a
+    /// KV-cache offset.
+    #[test]
+    fn dense_attention_is_its_three_operations_under_autodiff() {
+        use crate::CausalMask;
+        let (b, h, group, seq, start, d) = (2, 2, 2, 3, 2, 20);
+        let keys = start + seq;
+        let mask = CausalMask {
+            pad_left: vec![0, 3],
+            start,
+            seq,
+        };
+        let q = || param([b, h, group * seq, d], 21);
+        let k = || param([b, h, keys, d], 22);
+        let v = || param([b, h, keys, d], 23);
+        let (q1, k1, v1, q2, k2, v2) = (q(), k(), v(), q(), k(), v());
+        let weights = param([b, h, group * seq, d], 24).detach();
+        let one = crate::dense_attention(q1.clone(), k1.clone(), v1.clone(), &mask);
+        let scores = crate::matmul(q2.clone(), k2.clone().swap_dims(2, 3));
+        let three = crate::matmul(crate::causal_softmax(scores, &mask), v2.clone());
+        let bits = |t: Tensor<Cpu, 4>| -> Vec<u32> {
+            let values = t.into_data().to_vec::<f32>().unwrap();
+            values.iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(bits(one.clone().inner()), bits(three.clone().inner()));
+        let one = (one * weights.clone()).sum().backward();
+        let three = (three * weights).sum().backward();
+        for (mine, theirs) in [(&q1, &q2), (&k1, &k2), (&v1, &v2)] {
+            let (mine, theirs) = (mine.grad(&one).unwrap(), theirs.grad(&three).unwrap());
+            assert_eq!(bits(mine), bits(theirs));
+        }
     }
 
     /// Causal attention as one node (the CPU kernel, one row at a time) and

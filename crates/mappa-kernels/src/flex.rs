@@ -64,6 +64,7 @@ macro_rules! widened {
     };
 }
 
+mod attention;
 mod copy;
 mod fresh;
 mod matmul;
@@ -350,6 +351,51 @@ impl ModelBackend for Flex {
 
     fn to_f32(x: FloatTensor<Self>) -> FloatTensor<Self> {
         f32_tensor(x)
+    }
+
+    fn dense_attention_with_probs(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
+        if !attention::fuses(&q, &k) {
+            return crate::composed_dense_attention::<Self>(q, k, v, mask);
+        }
+        let (out, probs) = attention::forward(q, k, v, mask, true);
+        (
+            out,
+            probs.expect("the probabilities are kept when asked for"),
+        )
+    }
+
+    fn dense_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> FloatTensor<Self> {
+        let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
+        if !attention::fuses(&q, &k) {
+            return crate::composed_dense_attention::<Self>(q, k, v, mask).0;
+        }
+        attention::forward(q, k, v, mask, false).0
+    }
+
+    fn dense_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        probs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
+        let (probs, grad) = (f32_tensor(probs), f32_tensor(grad));
+        if !attention::fuses(&q, &k) {
+            return crate::composed_dense_attention_backward::<Self>(q, k, v, probs, grad);
+        }
+        attention::backward(q, k, v, probs, grad).into()
     }
 
     fn causal_attention_with_lse(
@@ -652,13 +698,19 @@ widened! {
     }
 }
 
+/// One row of the softmax's gradient given its output `y`:
+/// `y * (grad - grad · y)`.
+fn softmax_backward_row(y: &[f32], grad: &[f32], out: &mut [f32]) {
+    out.copy_from_slice(grad);
+    softmax_backward_in_place(y, out);
+}
+
 widened! {
-    /// One row of the softmax's gradient given its output `y`:
-    /// `y * (grad - grad · y)`.
-    fn softmax_backward_row(y: &[f32], grad: &[f32], out: &mut [f32]) {
+    /// [`softmax_backward_row`] written over the output's gradient `grad`.
+    fn softmax_backward_in_place(y: &[f32], grad: &mut [f32]) {
         let inner = dot(grad, y);
-        for ((o, &p), &g) in out.iter_mut().zip(y).zip(grad) {
-            *o = p * (g - inner);
+        for (g, &p) in grad.iter_mut().zip(y) {
+            *g = p * (*g - inner);
         }
     }
 }
@@ -751,19 +803,27 @@ widened! {
     }
 }
 
+/// `out = softmax(row + bias)` for the bias that is 0 on the keys `seen`
+/// and `-inf` elsewhere ([`masked_softmax_in_place`] of the row's seen keys).
+fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &mut [f32]) {
+    out[seen.clone()].copy_from_slice(&row[seen.clone()]);
+    masked_softmax_in_place(out, seen);
+}
+
 widened! {
-    /// `out = softmax(row + bias)` for the bias that is 0 on the keys `seen`
+    /// `row = softmax(row + bias)` for the bias that is 0 on the keys `seen`
     /// and `-inf` elsewhere, with the bits of [`Flex::softmax_last`] of the
-    /// biased row. Adding `+0.0` is not a no-op (it turns `-0.0` into `+0.0`),
-    /// so the seen scores get it. The unseen ones would become `-inf`, which
-    /// leaves the row's maximum as it is (the fold never holds a NaN) and,
-    /// shifted by a finite maximum, exponentiates to `+0.0` exactly: they are
-    /// written as zeros, and only the seen keys are exponentiated. A row whose
-    /// maximum is not finite takes the plain path.
-    fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &mut [f32]) {
+    /// biased row; only the seen values are read. Adding `+0.0` is not a
+    /// no-op (it turns `-0.0` into `+0.0`), so the seen scores get it. The
+    /// unseen ones would become `-inf`, which leaves the row's maximum as it
+    /// is (the fold never holds a NaN) and, shifted by a finite maximum,
+    /// exponentiates to `+0.0` exactly: they are written as zeros, and only
+    /// the seen keys are exponentiated. A row whose maximum is not finite
+    /// takes the plain path.
+    fn masked_softmax_in_place(out: &mut [f32], seen: std::ops::RangeInclusive<usize>) {
         let (lo, hi) = (*seen.start(), *seen.end());
-        for (o, &v) in out[lo..=hi].iter_mut().zip(&row[lo..=hi]) {
-            *o = v + 0.0;
+        for o in &mut out[lo..=hi] {
+            *o += 0.0;
         }
         let max = row_max(&out[lo..=hi]);
         if max.is_finite() {

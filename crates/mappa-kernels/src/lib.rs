@@ -317,6 +317,46 @@ pub trait ModelBackend: Backend {
         Self::embedding_backward(weights, grad, indices)
     }
 
+    /// [`dense_attention`]'s output and the probabilities it computes (the
+    /// softmax of the masked scores, which its backward pass reads): see
+    /// there for the shapes. The default is [`matmul`](ModelBackend::matmul),
+    /// [`causal_softmax`](ModelBackend::causal_softmax) and `matmul` one
+    /// after the other; the CPU backend computes each key/value head's
+    /// products and softmax on one thread, with the same bits.
+    fn dense_attention_with_probs(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        composed_dense_attention::<Self>(q, k, v, mask)
+    }
+
+    /// [`dense_attention`] as one operation: under autodiff, one node whose
+    /// backward pass is [`dense_attention_backward`](ModelBackend::dense_attention_backward).
+    fn dense_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        mask: &CausalMask,
+    ) -> FloatTensor<Self> {
+        Self::dense_attention_with_probs(q, k, v, mask).0
+    }
+
+    /// The gradients of [`dense_attention`] with respect to `q`, `k` and
+    /// `v`, given the probabilities `probs` and the output's gradient
+    /// `grad`: the bits of the backward passes of its three operations (the
+    /// default runs them).
+    fn dense_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        probs: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        composed_dense_attention_backward::<Self>(q, k, v, probs, grad)
+    }
+
     /// Causal attention `softmax(q k^T + mask) v` and each query row's
     /// log-sum-exp of its scores, for [`attention`]: see there for the
     /// shapes. The default (burn's operations) holds the scores of
@@ -851,6 +891,41 @@ fn ops_token_log_probs_backward<B: Backend>(
     B::float_reshape(primitive(dx), shape)
 }
 
+/// [`ModelBackend::dense_attention_with_probs`] as three operations: the
+/// scores `q kᵀ`, their masked softmax and the probabilities times `v`.
+pub(crate) fn composed_dense_attention<B: ModelBackend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    mask: &CausalMask,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let scores = B::matmul(q, B::float_swap_dims(k, 2, 3));
+    let probs = B::causal_softmax(scores, mask);
+    (B::matmul(probs.clone(), v), probs)
+}
+
+/// [`ModelBackend::dense_attention_backward`] as the backward passes of
+/// [`composed_dense_attention`]'s operations under autodiff: the products'
+/// ([`ModelBackend::matmul_rhs_grad`] for each right factor, as a transposed
+/// view where `kᵀ` is one), the softmax's, and the transposition of `k`'s.
+pub(crate) fn composed_dense_attention_backward<B: ModelBackend>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    probs: FloatTensor<B>,
+    grad: FloatTensor<B>,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let keys_t = B::float_swap_dims(k, 2, 3);
+    let v_transposed = B::is_transposed(&v);
+    let dp = B::matmul(grad.clone(), B::float_transpose(v));
+    let dv = B::matmul_rhs_grad(probs.clone(), grad, v_transposed);
+    let ds = B::softmax_last_backward(probs, dp);
+    let keys_t_transposed = B::is_transposed(&keys_t);
+    let dq = B::matmul(ds.clone(), B::float_transpose(keys_t));
+    let dk = B::matmul_rhs_grad(q, ds, keys_t_transposed);
+    (dq, B::float_swap_dims(dk, 2, 3), dv)
+}
+
 /// [`ModelBackend::causal_attention_with_lse`] by burn's operations (the
 /// trait's default, what GPU backends run), `block` query rows at a time:
 /// it holds the scores of one block of rows against every key, never all.
@@ -925,6 +1000,60 @@ fn dense_causal_attention_backward<B: Backend>(
     (primitive(Tensor::cat(dqs, 2)), primitive(dk), primitive(dv))
 }
 
+/// Causal grouped-query attention, `softmax(q k^T + mask) v`, with the
+/// bits of [`matmul`], [`causal_softmax`] and `matmul` one after the other
+/// (and of their backward passes), as one operation: the probabilities are
+/// computed once and kept for the backward pass. On the CPU backend each
+/// key/value head's products, softmax and gradients run on one thread,
+/// with its scores in that core's caches.
+///
+/// # Shapes
+/// - `q`: `[batch, kv_heads, group * seq, d]`, already scaled by `d^-1/2`
+/// - `k`, `v`: `[batch, kv_heads, start + seq, d]`
+/// - returns `[batch, kv_heads, group * seq, d]`
+pub fn dense_attention<B: ModelBackend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: &CausalMask,
+) -> Tensor<B, 4> {
+    check_attention_inputs("dense_attention", &q, &k, &v, mask);
+    float(B::dense_attention(
+        primitive(q),
+        primitive(k),
+        primitive(v),
+        mask,
+    ))
+}
+
+/// Panics, naming `op`, unless `q`, `k` and `v` have the shapes
+/// [`attention`] and [`dense_attention`] take and `mask` fits them.
+fn check_attention_inputs<B: Backend>(
+    op: &str,
+    q: &Tensor<B, 4>,
+    k: &Tensor<B, 4>,
+    v: &Tensor<B, 4>,
+    mask: &CausalMask,
+) {
+    let ([b, h, rows, d], [kb, kh, keys, kd]) = (q.dims(), k.dims());
+    assert!(
+        [b, h, d] == [kb, kh, kd] && k.dims() == v.dims(),
+        "{op}: q {:?}, k {:?} and v {:?} do not match",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+    assert!(
+        mask.fits(b, rows, keys),
+        "{op}: the mask ({} rows, start {}, seq {}) does not fit q {:?} and k {:?}",
+        mask.pad_left.len(),
+        mask.start,
+        mask.seq,
+        q.dims(),
+        k.dims()
+    );
+}
+
 /// Causal grouped-query attention, `softmax(q k^T + mask) v` over the
 /// keys `mask` lets each query see, as one operation: on the CPU backend
 /// one query row at a time, so that no `rows x keys` score matrix is ever
@@ -943,23 +1072,7 @@ pub fn attention<B: ModelBackend>(
     v: Tensor<B, 4>,
     mask: &CausalMask,
 ) -> Tensor<B, 4> {
-    let ([b, h, rows, d], [kb, kh, keys, kd]) = (q.dims(), k.dims());
-    assert!(
-        [b, h, d] == [kb, kh, kd] && k.dims() == v.dims(),
-        "attention: q {:?}, k {:?} and v {:?} do not match",
-        q.dims(),
-        k.dims(),
-        v.dims()
-    );
-    assert!(
-        mask.fits(b, rows, keys),
-        "attention: the mask ({} rows, start {}, seq {}) does not fit q {:?} and k {:?}",
-        mask.pad_left.len(),
-        mask.start,
-        mask.seq,
-        q.dims(),
-        k.dims()
-    );
+    check_attention_inputs("attention", &q, &k, &v, mask);
     float(B::causal_attention(
         primitive(q),
         primitive(k),

@@ -231,10 +231,7 @@ impl<B: ModelBackend> Attention<B> {
                     + bias.clone().reshape([b, kvh, rep * s, t]);
                 kernels::matmul(kernels::softmax(scores), v)
             }
-            AttentionMask::InSoftmax(mask) => {
-                let scores = kernels::matmul(q, k.swap_dims(2, 3));
-                kernels::matmul(kernels::causal_softmax(scores, mask), v)
-            }
+            AttentionMask::InSoftmax(mask) => kernels::dense_attention(q, k, v, mask),
             AttentionMask::Causal(mask) => kernels::attention(q, k, v, mask),
         };
         let out = out.reshape([b, kvh, rep, s, hd]);

@@ -51,10 +51,14 @@
 //!   backends) hold it: 4 `Hkv B S` per sequence for blocks of `B` stacked
 //!   query rows (`kernels::ATTENTION_BLOCK_ROWS`) in an update, 2 without
 //!   a gradient. The dense attention bias is counted wherever it appears
-//!   below as the GPU backends hold it; the CPU backend applies the mask
+//!   below as the GPU backends hold it. The CPU backend applies the mask
 //!   in the softmax (`ModelBackend::MASKS_IN_SOFTMAX`) and holds no bias,
-//!   so on the CPU the plan over-counts by `H S^2` per sequence (`H P^2`
-//!   in a rollout).
+//!   and computes dense attention as one operation
+//!   (`kernels::dense_attention`) that holds one key/value head's scores
+//!   per thread, not a layer's, and keeps the probabilities only for a
+//!   backward pass: so on the CPU the plan over-counts by `2 H S^2` per
+//!   sequence in an update (the bias and a layer's scores) and by all
+//!   three `H S^2` (`H P^2`) terms in log-prob passes and rollouts.
 //! - **Log-prob passes** (no gradient): the rollout policy's and the
 //!   reference's log-probs of all of an agent's actions of a step, in one
 //!   batch of `N` sequences: the bias plus one layer's scores (biased in

@@ -80,7 +80,7 @@ pub(super) unsafe fn written(
 ///
 /// # Safety
 /// `f` must initialise every element of the chunks it is given (or panic).
-unsafe fn uninit_buffers<const N: usize>(
+pub(super) unsafe fn uninit_buffers<const N: usize>(
     lens: [usize; N],
     chunks: [usize; N],
     f: impl Fn(usize, [&mut [MaybeUninit<f32>]; N]) + Sync,

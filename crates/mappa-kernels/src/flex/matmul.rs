@@ -53,7 +53,7 @@ const ALIASING_STRIDE: isize = 1024;
 const NARROW_UNPACKED_COLUMNS: usize = 128;
 
 /// A single gemm call with at least this many multiply-adds uses threads.
-const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
+pub(super) const GEMM_PARALLEL_OPS: usize = 192 * 192 * 192;
 
 /// `lhs @ rhs` over the last two dimensions of two f32 tensors with equal
 /// leading dimensions, read in place through their strides.
@@ -250,7 +250,7 @@ fn writes_column_major(m: usize, n: usize, lhs: &View) -> bool {
 
 /// A strided f32 matrix view: the data, the offset of element `[0, .., 0]`,
 /// and the strides of its last two dimensions.
-struct View<'a> {
+pub(super) struct View<'a> {
     data: &'a [f32],
     start: isize,
     row_stride: isize,
@@ -258,6 +258,21 @@ struct View<'a> {
 }
 
 impl<'a> View<'a> {
+    /// The matrix at `start` of `data` with these strides (in values).
+    pub(super) fn strided(
+        data: &'a [f32],
+        start: usize,
+        row_stride: isize,
+        col_stride: isize,
+    ) -> Self {
+        Self {
+            data,
+            start: start as isize,
+            row_stride,
+            col_stride,
+        }
+    }
+
     fn new(tensor: &'a FlexTensor, layout: &Layout, rank: usize) -> Self {
         let strides = layout.strides();
         Self {
@@ -267,6 +282,20 @@ impl<'a> View<'a> {
             col_stride: strides[rank - 1],
         }
     }
+}
+
+/// `out (m x n, row-major) = lhs (m x k) @ rhs (k x n)` on the calling
+/// thread, with `k > 0`: the gemm calls [`matmul`] makes for each matrix of
+/// a batched product with these shapes and strides, so the same bits. Every
+/// element of `out` is written.
+pub(super) fn product(out: &mut [MaybeUninit<f32>], [m, n, k]: [usize; 3], lhs: &View, rhs: &View) {
+    assert!(
+        k > 0 && out.len() == m * n,
+        "product: {m} x {k} @ {k} x {n} into {} values",
+        out.len()
+    );
+    let none = gemm::Parallelism::None;
+    gemm_chunked(out, m, n, k, lhs, 0, rhs, 0, none, false);
 }
 
 /// `out (m x n, row-major, or column-major where `dst_col_major`) =

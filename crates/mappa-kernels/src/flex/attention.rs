@@ -1,0 +1,353 @@
+//! Dense attention, `softmax(q kᵀ + mask) v` with the probabilities kept,
+//! as one operation on the CPU ([`crate::ModelBackend::dense_attention`]):
+//! each key/value head's products, softmax and (in the backward pass)
+//! gradients run one after the other on one thread, with that head's
+//! scores in its core's caches. As separate operations over the whole
+//! batch (the scores' product, the softmax and the output's product, and
+//! five kernels back), every head's scores went through memory between
+//! operations, and the small per-head products ran at 50-75% of the speed
+//! they reach on data in cache (`docs/experiments/speed.md`).
+//!
+//! Each product is the gemm call that the batched [`super::matmul`] makes
+//! for that head, with the same shapes and strides ([`product`]), and the
+//! softmax and its backward pass are the same row kernels, so every result
+//! has the bits of [`crate::composed_dense_attention`] and of its
+//! backward pass (`the_fused_operation_is_the_composed_one`). The shapes
+//! it does not take ([`fuses`]) go to those composed operations.
+
+use std::mem::MaybeUninit;
+
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{Shape, TensorMetadata};
+
+use super::matmul::{product, View, GEMM_PARALLEL_OPS};
+use super::{copy, fresh, masked_softmax_in_place, softmax_backward_in_place, tensor};
+use crate::CausalMask;
+
+/// A `[batch, heads, rows, cols]` f32 tensor whose rows are contiguous,
+/// read in place (a KV cache's keys are a slice of a longer buffer).
+struct Heads {
+    tensor: FlexTensor,
+    heads: usize,
+    start: usize,
+    strides: [usize; 3],
+}
+
+impl Heads {
+    /// `x` read in place where its last dimension is contiguous and its
+    /// other strides are not negative; a contiguous copy otherwise.
+    fn of(x: FlexTensor) -> Self {
+        let in_place = |x: &FlexTensor| {
+            let strides = x.layout().strides();
+            strides[3] == 1 && strides[..3].iter().all(|&s| s >= 0)
+        };
+        let tensor = if in_place(&x) {
+            x
+        } else {
+            copy::to_contiguous(&x)
+        };
+        let layout = tensor.layout();
+        let s = layout.strides();
+        let (heads, start) = (layout.shape()[1], layout.start_offset());
+        let strides = [s[0] as usize, s[1] as usize, s[2] as usize];
+        Self {
+            tensor,
+            heads,
+            start,
+            strides,
+        }
+    }
+
+    /// The values the views index.
+    fn data(&self) -> &[f32] {
+        self.tensor.storage::<f32>()
+    }
+
+    /// Head `g` (of `batch * heads`, batch-major) as a matrix.
+    fn matrix(&self, g: usize) -> View<'_> {
+        View::strided(self.data(), self.offset(g), self.row_stride(), 1)
+    }
+
+    /// Head `g` transposed: its rows as columns.
+    fn transposed(&self, g: usize) -> View<'_> {
+        View::strided(self.data(), self.offset(g), 1, self.row_stride())
+    }
+
+    /// Row `r` of head `g`, `len` values.
+    fn row(&self, g: usize, r: usize, len: usize) -> &[f32] {
+        &self.data()[self.offset(g) + r * self.strides[2]..][..len]
+    }
+
+    fn offset(&self, g: usize) -> usize {
+        let [batch, head, _] = self.strides;
+        self.start + g / self.heads * batch + g % self.heads * head
+    }
+
+    fn row_stride(&self) -> isize {
+        self.strides[2] as isize
+    }
+}
+
+/// Whether [`forward`] and [`backward`] take `q` against `k`: at least two
+/// keys and two values per head (with one, the composed backward pass
+/// orders a key's gradient differently), and either enough heads to share
+/// among threads or too little work for threads (the composed products
+/// split one head's product among threads).
+pub(super) fn fuses(q: &FlexTensor, k: &FlexTensor) -> bool {
+    let ([batch, heads, rows, d], keys) = dims(q, k);
+    let groups = batch * heads;
+    let threaded = groups * rows * keys * d >= GEMM_PARALLEL_OPS;
+    groups > 0 && rows > 0 && keys >= 2 && d >= 2 && (groups >= 4 || !threaded)
+}
+
+/// `q`'s `[batch, kv_heads, rows, d]` and the number of keys in `k`.
+fn dims(q: &FlexTensor, k: &FlexTensor) -> ([usize; 4], usize) {
+    let shape = q.shape();
+    ([shape[0], shape[1], shape[2], shape[3]], k.shape()[2])
+}
+
+/// Heads per task: one, so that threads share them, unless a product over
+/// all of them is too small for threads (as [`super::matmul`] decides).
+fn heads_per_task(groups: usize, ops_per_head: usize) -> usize {
+    if groups * ops_per_head < GEMM_PARALLEL_OPS {
+        groups
+    } else {
+        1
+    }
+}
+
+/// [`crate::ModelBackend::dense_attention_with_probs`] (`keep_probs`) or
+/// [`crate::ModelBackend::dense_attention`] of f32 tensors that it
+/// [`fuses`]: the output and, if kept, the probabilities.
+pub(super) fn forward(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    mask: &CausalMask,
+    keep_probs: bool,
+) -> (FlexTensor, Option<FlexTensor>) {
+    let ([batch, heads, rows, d], keys) = dims(&q, &k);
+    let groups = batch * heads;
+    let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
+    let per_task = heads_per_task(groups, rows * keys * d);
+    // Head `g`'s output into `out`, its probabilities left in `scores`.
+    let head = |g: usize, out: &mut [MaybeUninit<f32>], scores: &mut [MaybeUninit<f32>]| {
+        product(scores, [rows, keys, d], &q.matrix(g), &k.transposed(g));
+        // SAFETY: the product wrote every score.
+        let probs = unsafe { assume_init(scores) };
+        for (r, row) in probs.chunks_mut(keys).enumerate() {
+            masked_softmax_in_place(row, mask.keys(g / heads, mask.column(r)));
+        }
+        let probs = View::strided(probs, 0, keys as isize, 1);
+        product(out, [rows, d, keys], &probs, &v.matrix(g));
+    };
+    let (out_len, out_chunk) = (groups * rows * d, per_task * rows * d);
+    let out_shape = Shape::from(vec![batch, heads, rows, d]);
+    if keep_probs {
+        let lens = [out_len, groups * rows * keys];
+        let chunks = [out_chunk, per_task * rows * keys];
+        let task = |task: usize, [out, probs]: [&mut [MaybeUninit<f32>]; 2]| {
+            let heads_of_task = out.chunks_mut(rows * d).zip(probs.chunks_mut(rows * keys));
+            for (i, (out, probs)) in heads_of_task.enumerate() {
+                head(task * per_task + i, out, probs);
+            }
+        };
+        // SAFETY: `head` writes every output value and probability of its head.
+        let [out, probs] = unsafe { fresh::uninit_buffers(lens, chunks, task) };
+        let probs = tensor(probs, Shape::from(vec![batch, heads, rows, keys]));
+        (tensor(out, out_shape), Some(probs))
+    } else {
+        let task = |task: usize, [out]: [&mut [MaybeUninit<f32>]; 1]| {
+            let mut scratch = Vec::new();
+            for (i, out) in out.chunks_mut(rows * d).enumerate() {
+                head(task * per_task + i, out, uninit(&mut scratch, rows * keys));
+            }
+        };
+        // SAFETY: `head` writes every output value of its head.
+        let [out] = unsafe { fresh::uninit_buffers([out_len], [out_chunk], task) };
+        (tensor(out, out_shape), None)
+    }
+}
+
+/// [`crate::ModelBackend::dense_attention_backward`] of f32 tensors that
+/// it [`fuses`]: `q`'s, `k`'s and `v`'s gradients.
+pub(super) fn backward(
+    q: FlexTensor,
+    k: FlexTensor,
+    v: FlexTensor,
+    probs: FlexTensor,
+    grad: FlexTensor,
+) -> [FlexTensor; 3] {
+    let ([batch, heads, rows, d], keys) = dims(&q, &k);
+    let groups = batch * heads;
+    let (q_shape, k_shape) = (q.shape(), k.shape());
+    let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
+    let (probs, grad) = (Heads::of(probs), Heads::of(grad));
+    let per_task = heads_per_task(groups, rows * keys * d);
+    let lens = [groups * rows * d, groups * keys * d, groups * keys * d];
+    let chunks = [
+        per_task * rows * d,
+        per_task * keys * d,
+        per_task * keys * d,
+    ];
+    let task = |task: usize, [dq, dk, dv]: [&mut [MaybeUninit<f32>]; 3]| {
+        let mut scratch = Vec::new();
+        let first = task * per_task;
+        let heads_of_task = dq
+            .chunks_mut(rows * d)
+            .zip(dk.chunks_mut(keys * d))
+            .zip(dv.chunks_mut(keys * d));
+        for (i, ((dq, dk), dv)) in heads_of_task.enumerate() {
+            let g = first + i;
+            // The probabilities' gradient, then the scores' in its place.
+            let dp = uninit(&mut scratch, rows * keys);
+            product(dp, [rows, keys, d], &grad.matrix(g), &v.transposed(g));
+            // SAFETY: the product wrote every value.
+            let ds = unsafe { assume_init(dp) };
+            for (r, ds) in ds.chunks_mut(keys).enumerate() {
+                softmax_backward_in_place(probs.row(g, r, keys), ds);
+            }
+            let ds: &[f32] = ds;
+            product(dv, [keys, d, rows], &probs.transposed(g), &grad.matrix(g));
+            let (ds, ds_t) = (
+                View::strided(ds, 0, keys as isize, 1),
+                View::strided(ds, 0, 1, keys as isize),
+            );
+            product(dq, [rows, d, keys], &ds, &k.matrix(g));
+            product(dk, [keys, d, rows], &ds_t, &q.matrix(g));
+        }
+    };
+    // SAFETY: each task's products write every gradient value of its heads.
+    let [dq, dk, dv] = unsafe { fresh::uninit_buffers(lens, chunks, task) };
+    [
+        tensor(dq, q_shape),
+        tensor(dk, k_shape.clone()),
+        tensor(dv, k_shape),
+    ]
+}
+
+/// `scratch` resized to `len` values, not initialised.
+fn uninit(scratch: &mut Vec<MaybeUninit<f32>>, len: usize) -> &mut [MaybeUninit<f32>] {
+    scratch.resize(len, MaybeUninit::uninit());
+    &mut scratch[..len]
+}
+
+/// `chunk` as the initialised values it holds.
+///
+/// # Safety
+/// Every element of `chunk` must have been written.
+unsafe fn assume_init(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: the caller's promise; `MaybeUninit<f32>` has the size and
+    // alignment of `f32`.
+    unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{bits, seeded, t, B};
+    use crate::{CausalMask, ModelBackend};
+    use burn::backend::flex::FlexTensor;
+    use burn::prelude::*;
+    use burn::tensor::TensorPrimitive;
+    use proptest::prelude::*;
+
+    fn inner(x: &Tensor<B, 4>) -> FlexTensor {
+        x.clone().into_primitive().tensor()
+    }
+
+    fn bits_of(x: FlexTensor) -> Vec<u32> {
+        bits(Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(x)))
+    }
+
+    /// Fails, naming `what` and the first value that differs, unless `a`
+    /// and `b` hold the same bits.
+    fn same(what: &str, a: FlexTensor, b: FlexTensor) -> Result<(), TestCaseError> {
+        let (a, b) = (bits_of(a), bits_of(b));
+        prop_assert_eq!(a.len(), b.len(), "{}: lengths", what);
+        if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+            let (x, y) = (f32::from_bits(a[i]), f32::from_bits(b[i]));
+            return Err(TestCaseError::fail(format!(
+                "{what}: value {i}: {x:e} against {y:e}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The fused operation and the composed one, forward (with and without
+    /// the probabilities) and backward, bit for bit; keys and values read
+    /// as a KV cache holds them, the first `keys` columns of longer buffers.
+    fn check(
+        [batch, heads, group, seq, start, d, spare]: [usize; 7],
+        pad_left: Vec<usize>,
+        seed: u64,
+    ) -> Result<(), TestCaseError> {
+        let (rows, keys) = (group * seq, start + seq);
+        let mask = CausalMask {
+            pad_left,
+            start,
+            seq,
+        };
+        let q = t(
+            seeded(&[batch, heads, rows, d], seed),
+            [batch, heads, rows, d],
+        );
+        let cached = |seed| {
+            let shape = [batch, heads, keys + spare, d];
+            t(seeded(&shape, seed), shape).slice([0..batch, 0..heads, 0..keys, 0..d])
+        };
+        let (k, v) = (cached(seed + 1), cached(seed + 2));
+        let grad = t(
+            seeded(&[batch, heads, rows, d], seed + 3),
+            [batch, heads, rows, d],
+        );
+        let [q, k, v, grad] = [&q, &k, &v, &grad].map(inner);
+
+        let (out, probs) = B::dense_attention_with_probs(q.clone(), k.clone(), v.clone(), &mask);
+        let (c_out, c_probs) =
+            crate::composed_dense_attention::<B>(q.clone(), k.clone(), v.clone(), &mask);
+        same("output", out.clone(), c_out)?;
+        same("probabilities", probs.clone(), c_probs)?;
+        let untracked = B::dense_attention(q.clone(), k.clone(), v.clone(), &mask);
+        same("output without the probabilities", untracked, out)?;
+
+        let fused = B::dense_attention_backward(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            probs.clone(),
+            grad.clone(),
+        );
+        let composed = crate::composed_dense_attention_backward::<B>(q, k, v, probs, grad);
+        same("dq", fused.0, composed.0)?;
+        same("dk", fused.1, composed.1)?;
+        same("dv", fused.2, composed.2)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Small shapes: lane-split products (at most 256 scores per head,
+        /// one query row), heads on the calling thread, left padding, a
+        /// KV-cache offset, and the shapes the composed operations keep (one
+        /// key or one value per head).
+        #[test]
+        fn the_fused_operation_is_the_composed_one(
+            dims in (1usize..4, 1usize..4, 1usize..4, 1usize..10, 0usize..5, 1usize..20, 0usize..3),
+            pads in proptest::collection::vec(0usize..16, 3),
+            seed in 0u64..1000,
+        ) {
+            let (batch, heads, group, seq, start, d, spare) = dims;
+            let keys = start + seq;
+            let pad_left = pads[..batch].iter().map(|&p| p % keys).collect();
+            check([batch, heads, group, seq, start, d, spare], pad_left, seed)?;
+        }
+    }
+
+    /// Heads shared among threads (the training step's shapes), and query
+    /// rows past gemm's 512 terms (each key's gradient sums over them).
+    #[test]
+    fn the_fused_operation_is_the_composed_one_at_scale() {
+        check([2, 2, 2, 128, 0, 64, 0], vec![0, 17], 5).unwrap();
+        check([1, 2, 5, 120, 8, 16, 4], vec![3], 6).unwrap();
+    }
+}
