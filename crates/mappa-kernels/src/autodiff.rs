@@ -248,14 +248,9 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
                 grads: &mut Gradients,
                 _: &mut Checkpointer,
             ) {
-                let (q, k, v, out, lse, mask) = ops.state;
-                let grad = grads.consume::<B>(&ops.node);
-                let (dq, dk, dv) = B::causal_attention_backward(q, k, v, out, lse, grad, &mask);
-                for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
-                    if let Some(parent) = parent {
-                        grads.register::<B>(parent.id, grad);
-                    }
-                }
+                to_parents::<B, _, 3>(ops, grads, |(q, k, v, out, lse, mask), grad| {
+                    B::causal_attention_backward(q, k, v, out, lse, grad, &mask).into()
+                });
             }
         }
 
@@ -314,14 +309,9 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
                 grads: &mut Gradients,
                 _: &mut Checkpointer,
             ) {
-                let (q, k, v, probs) = ops.state;
-                let grad = grads.consume::<B>(&ops.node);
-                let (dq, dk, dv) = B::dense_attention_backward(q, k, v, probs, grad);
-                for (parent, grad) in ops.parents.into_iter().zip([dq, dk, dv]) {
-                    if let Some(parent) = parent {
-                        grads.register::<B>(parent.id, grad);
-                    }
-                }
+                to_parents::<B, _, 3>(ops, grads, |(q, k, v, probs), grad| {
+                    B::dense_attention_backward(q, k, v, probs, grad).into()
+                });
             }
         }
 
@@ -474,15 +464,24 @@ impl<B: ModelBackend> Backward<B, 2> for FromInputs<B> {
     type State = (FloatTensor<B>, FloatTensor<B>, f64);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let (a, b, setting) = ops.state;
-        let grad = grads.consume::<B>(&ops.node);
-        let (d_a, d_b) = (self.backward)(a, b, grad, setting);
-        let [a_node, b_node] = ops.parents;
-        if let Some(node) = a_node {
-            grads.register::<B>(node.id, d_a);
-        }
-        if let Some(node) = b_node {
-            grads.register::<B>(node.id, d_b);
+        to_parents::<B, _, 2>(ops, grads, |(a, b, setting), grad| {
+            (self.backward)(a, b, grad, setting).into()
+        });
+    }
+}
+
+/// The backward pass of a node of `N` inputs whose gradients one kernel
+/// call computes, `gradients(state, grad)`: each is registered with its
+/// input where that input is tracked.
+fn to_parents<B: ModelBackend, S, const N: usize>(
+    ops: Ops<S, N>,
+    grads: &mut Gradients,
+    gradients: impl FnOnce(S, FloatTensor<B>) -> [FloatTensor<B>; N],
+) {
+    let grad = grads.consume::<B>(&ops.node);
+    for (parent, grad) in ops.parents.into_iter().zip(gradients(ops.state, grad)) {
+        if let Some(parent) = parent {
+            grads.register::<B>(parent.id, grad);
         }
     }
 }
@@ -732,37 +731,66 @@ mod tests {
         close(x.grad(&mine).unwrap(), x.grad(&theirs).unwrap());
     }
 
+    /// Attention's inputs for the tests below: 2 batch rows, 2 key/value
+    /// heads, groups of 2 query heads, 3 queries after 2 cached columns
+    /// (the second row with 3 padding columns), head size 20 (a dot
+    /// product's lanes and tail). `q`, `k`, `v` twice each (two graphs of
+    /// the same values), and weights for a loss over the output.
+    struct AttentionCase {
+        mask: crate::CausalMask,
+        heads: usize,
+        rows: usize,
+        first: [Tensor<CpuAutodiff, 4>; 3],
+        second: [Tensor<CpuAutodiff, 4>; 3],
+        weights: Tensor<CpuAutodiff, 4>,
+    }
+
+    impl AttentionCase {
+        fn new(seed: u32) -> Self {
+            let (b, h, group, seq, start, d) = (2, 2, 2, 3, 2, 20);
+            let (rows, keys) = (group * seq, start + seq);
+            let mask = crate::CausalMask {
+                pad_left: vec![0, 3],
+                start,
+                seq,
+            };
+            let inputs = || {
+                [
+                    param([b, h, rows, d], seed),
+                    param([b, h, keys, d], seed + 1),
+                    param([b, h, keys, d], seed + 2),
+                ]
+            };
+            Self {
+                mask,
+                heads: h,
+                rows,
+                first: inputs(),
+                second: inputs(),
+                weights: param([b, h, rows, d], seed + 3).detach(),
+            }
+        }
+    }
+
     /// Dense attention as one node gives the output and gradients of the
     /// three nodes it replaces (the scores' product, the masked softmax and
-    /// the output's product), bit for bit: keys and values with a head size
-    /// of 20 and five keys, queries in groups of two, left padding and a
-    /// KV-cache offset.
+    /// the output's product), bit for bit.
     #[test]
     fn dense_attention_is_its_three_operations_under_autodiff() {
-        use crate::CausalMask;
-        let (b, h, group, seq, start, d) = (2, 2, 2, 3, 2, 20);
-        let keys = start + seq;
-        let mask = CausalMask {
-            pad_left: vec![0, 3],
-            start,
-            seq,
-        };
-        let q = || param([b, h, group * seq, d], 21);
-        let k = || param([b, h, keys, d], 22);
-        let v = || param([b, h, keys, d], 23);
-        let (q1, k1, v1, q2, k2, v2) = (q(), k(), v(), q(), k(), v());
-        let weights = param([b, h, group * seq, d], 24).detach();
-        let one = crate::dense_attention(q1.clone(), k1.clone(), v1.clone(), &mask);
-        let scores = crate::matmul(q2.clone(), k2.clone().swap_dims(2, 3));
-        let three = crate::matmul(crate::causal_softmax(scores, &mask), v2.clone());
+        let case = AttentionCase::new(21);
+        let [q1, k1, v1] = case.first.clone();
+        let [q2, k2, v2] = case.second.clone();
+        let one = crate::dense_attention(q1, k1, v1, &case.mask);
+        let scores = crate::matmul(q2, k2.swap_dims(2, 3));
+        let three = crate::matmul(crate::causal_softmax(scores, &case.mask), v2);
         let bits = |t: Tensor<Cpu, 4>| -> Vec<u32> {
             let values = t.into_data().to_vec::<f32>().unwrap();
             values.iter().map(|v| v.to_bits()).collect()
         };
         assert_eq!(bits(one.clone().inner()), bits(three.clone().inner()));
-        let one = (one * weights.clone()).sum().backward();
-        let three = (three * weights).sum().backward();
-        for (mine, theirs) in [(&q1, &q2), (&k1, &k2), (&v1, &v2)] {
+        let one = (one * case.weights.clone()).sum().backward();
+        let three = (three * case.weights).sum().backward();
+        for (mine, theirs) in case.first.iter().zip(&case.second) {
             let (mine, theirs) = (mine.grad(&one).unwrap(), theirs.grad(&three).unwrap());
             assert_eq!(bits(mine), bits(theirs));
         }
@@ -773,24 +801,16 @@ mod tests {
     /// and gradients: left padding, a KV-cache offset and grouped heads.
     #[test]
     fn causal_attention_matches_softmax_of_biased_scores() {
-        use crate::CausalMask;
-        // 2 batch rows, 2 key/value heads, groups of 2 query heads, 3
-        // queries after 2 cached columns, head size 20 (a dot product's
-        // lanes and tail).
-        let (b, h, group, seq, start, d) = (2, 2, 2, 3, 2, 20);
-        let keys = start + seq;
-        let mask = CausalMask {
-            pad_left: vec![0, 3],
-            start,
-            seq,
-        };
-        let q = || param([b, h, group * seq, d], 11);
-        let k = || param([b, h, keys, d], 12);
-        let v = || param([b, h, keys, d], 13);
-        let (q1, k1, v1, q2, k2, v2) = (q(), k(), v(), q(), k(), v());
-        let weights = param([b, h, group * seq, d], 14).detach();
+        let AttentionCase {
+            mask,
+            heads: h,
+            rows,
+            first: [q1, k1, v1],
+            second: [q2, k2, v2],
+            weights,
+        } = AttentionCase::new(11);
         let mine = crate::attention(q1.clone(), k1.clone(), v1.clone(), &mask);
-        let bias = mask.bias::<CpuAutodiff>(h, 0..group * seq, &Default::default());
+        let bias = mask.bias::<CpuAutodiff>(h, 0..rows, &Default::default());
         let probs = burn::tensor::activation::softmax(
             q2.clone().matmul(k2.clone().swap_dims(2, 3)) + bias,
             3,
@@ -807,7 +827,7 @@ mod tests {
         // agree with the CPU kernels, forward and backward.
         use burn::tensor::TensorPrimitive::Float;
         let inner = |t: &Tensor<CpuAutodiff, 4>| t.clone().inner().into_primitive().tensor();
-        let [q, k, v, g] = [&q1, &k1, &v1, &param([b, h, group * seq, d], 15)].map(inner);
+        let [q, k, v, g] = [&q1, &k1, &v1, &param(q1.dims(), 15)].map(inner);
         let (out, lse) = <Cpu as crate::ModelBackend>::causal_attention_with_lse(
             q.clone(),
             k.clone(),

@@ -359,10 +359,6 @@ impl ModelBackend for Flex {
         v: FloatTensor<Self>,
         mask: &CausalMask,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
-        if !attention::fuses(&q, &k) {
-            return crate::composed_dense_attention::<Self>(q, k, v, mask);
-        }
         let (out, probs) = attention::forward(q, k, v, mask, true);
         (
             out,
@@ -376,10 +372,6 @@ impl ModelBackend for Flex {
         v: FloatTensor<Self>,
         mask: &CausalMask,
     ) -> FloatTensor<Self> {
-        let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
-        if !attention::fuses(&q, &k) {
-            return crate::composed_dense_attention::<Self>(q, k, v, mask).0;
-        }
         attention::forward(q, k, v, mask, false).0
     }
 
@@ -390,11 +382,6 @@ impl ModelBackend for Flex {
         probs: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
-        let (probs, grad) = (f32_tensor(probs), f32_tensor(grad));
-        if !attention::fuses(&q, &k) {
-            return crate::composed_dense_attention_backward::<Self>(q, k, v, probs, grad);
-        }
         attention::backward(q, k, v, probs, grad).into()
     }
 

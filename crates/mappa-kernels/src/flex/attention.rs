@@ -17,11 +17,11 @@
 
 use std::mem::MaybeUninit;
 
-use burn::backend::flex::FlexTensor;
+use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::{Shape, TensorMetadata};
 
 use super::matmul::{product, View, GEMM_PARALLEL_OPS};
-use super::{copy, fresh, masked_softmax_in_place, softmax_backward_in_place, tensor};
+use super::{copy, f32_tensor, fresh, masked_softmax_in_place, softmax_backward_in_place, tensor};
 use crate::CausalMask;
 
 /// A `[batch, heads, rows, cols]` f32 tensor whose rows are contiguous,
@@ -88,12 +88,13 @@ impl Heads {
     }
 }
 
-/// Whether [`forward`] and [`backward`] take `q` against `k`: at least two
+/// Whether [`forward`] and [`backward`] compute `q` against `k` themselves
+/// rather than through the composed operations: at least two
 /// keys and two values per head (with one, the composed backward pass
 /// orders a key's gradient differently), and either enough heads to share
 /// among threads or too little work for threads (the composed products
 /// split one head's product among threads).
-pub(super) fn fuses(q: &FlexTensor, k: &FlexTensor) -> bool {
+fn fuses(q: &FlexTensor, k: &FlexTensor) -> bool {
     let ([batch, heads, rows, d], keys) = dims(q, k);
     let groups = batch * heads;
     let threaded = groups * rows * keys * d >= GEMM_PARALLEL_OPS;
@@ -117,8 +118,8 @@ fn heads_per_task(groups: usize, ops_per_head: usize) -> usize {
 }
 
 /// [`crate::ModelBackend::dense_attention_with_probs`] (`keep_probs`) or
-/// [`crate::ModelBackend::dense_attention`] of f32 tensors that it
-/// [`fuses`]: the output and, if kept, the probabilities.
+/// [`crate::ModelBackend::dense_attention`]: the output and, if kept, the
+/// probabilities.
 pub(super) fn forward(
     q: FlexTensor,
     k: FlexTensor,
@@ -126,6 +127,11 @@ pub(super) fn forward(
     mask: &CausalMask,
     keep_probs: bool,
 ) -> (FlexTensor, Option<FlexTensor>) {
+    let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
+    if !fuses(&q, &k) {
+        let (out, probs) = crate::composed_dense_attention::<Flex>(q, k, v, mask);
+        return (out, keep_probs.then_some(probs));
+    }
     let ([batch, heads, rows, d], keys) = dims(&q, &k);
     let groups = batch * heads;
     let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
@@ -169,8 +175,8 @@ pub(super) fn forward(
     }
 }
 
-/// [`crate::ModelBackend::dense_attention_backward`] of f32 tensors that
-/// it [`fuses`]: `q`'s, `k`'s and `v`'s gradients.
+/// [`crate::ModelBackend::dense_attention_backward`]: `q`'s, `k`'s and
+/// `v`'s gradients.
 pub(super) fn backward(
     q: FlexTensor,
     k: FlexTensor,
@@ -178,6 +184,11 @@ pub(super) fn backward(
     probs: FlexTensor,
     grad: FlexTensor,
 ) -> [FlexTensor; 3] {
+    let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
+    let (probs, grad) = (f32_tensor(probs), f32_tensor(grad));
+    if !fuses(&q, &k) {
+        return crate::composed_dense_attention_backward::<Flex>(q, k, v, probs, grad).into();
+    }
     let ([batch, heads, rows, d], keys) = dims(&q, &k);
     let groups = batch * heads;
     let (q_shape, k_shape) = (q.shape(), k.shape());
