@@ -1005,7 +1005,8 @@ fn dense_causal_attention_backward<B: Backend>(
 /// (and of their backward passes), as one operation: the probabilities are
 /// computed once and kept for the backward pass. On the CPU backend each
 /// key/value head's products, softmax and gradients run on one thread,
-/// with its scores in that core's caches.
+/// with its scores in that core's caches (for the shapes and layouts it
+/// takes; the others run the three operations).
 ///
 /// # Shapes
 /// - `q`: `[batch, kv_heads, group * seq, d]`, already scaled by `d^-1/2`

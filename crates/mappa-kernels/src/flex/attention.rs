@@ -21,11 +21,11 @@ use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::{Shape, TensorMetadata};
 
 use super::matmul::{product, View, GEMM_PARALLEL_OPS};
-use super::{copy, f32_tensor, fresh, masked_softmax_in_place, softmax_backward_in_place, tensor};
+use super::{f32_tensor, fresh, masked_softmax_in_place, softmax_backward_in_place, tensor};
 use crate::CausalMask;
 
-/// A `[batch, heads, rows, cols]` f32 tensor whose rows are contiguous,
-/// read in place (a KV cache's keys are a slice of a longer buffer).
+/// A `[batch, heads, rows, cols]` f32 tensor read in place through its
+/// strides ([`in_place`]: a KV cache's keys are a slice of a longer buffer).
 struct Heads {
     tensor: FlexTensor,
     heads: usize,
@@ -33,25 +33,33 @@ struct Heads {
     strides: [usize; 3],
 }
 
+/// Whether `x` is a 4-d tensor that [`Heads`] reads in place, as `matmul`
+/// reads it: its last stride 1, the others not negative. Another layout
+/// could change a product's lane-split kernel (whose bits depend on the
+/// strides) if it were copied, so such inputs go to the composed operations.
+fn in_place(x: &FlexTensor) -> bool {
+    let strides = x.layout().strides();
+    strides.len() == 4 && strides[3] == 1 && strides[..3].iter().all(|&s| s >= 0)
+}
+
 impl Heads {
-    /// `x` read in place where its last dimension is contiguous and its
-    /// other strides are not negative; a contiguous copy otherwise.
-    fn of(x: FlexTensor) -> Self {
-        let in_place = |x: &FlexTensor| {
-            let strides = x.layout().strides();
-            strides[3] == 1 && strides[..3].iter().all(|&s| s >= 0)
-        };
-        let tensor = if in_place(&x) {
-            x
-        } else {
-            copy::to_contiguous(&x)
-        };
-        let layout = tensor.layout();
+    /// `x` read in place ([`in_place`]).
+    ///
+    /// # Panics
+    /// If `x` is not of shape `shape` or not [`in_place`].
+    fn of(x: FlexTensor, shape: [usize; 4]) -> Self {
+        assert!(
+            x.shape().dims::<4>() == shape && in_place(&x),
+            "dense attention: an input of shape {:?} and strides {:?}, expected shape {shape:?} with its last stride 1",
+            x.shape(),
+            x.layout().strides()
+        );
+        let layout = x.layout();
         let s = layout.strides();
-        let (heads, start) = (layout.shape()[1], layout.start_offset());
+        let (heads, start) = (shape[1], layout.start_offset());
         let strides = [s[0] as usize, s[1] as usize, s[2] as usize];
         Self {
-            tensor,
+            tensor: x,
             heads,
             start,
             strides,
@@ -89,22 +97,33 @@ impl Heads {
 }
 
 /// Whether [`forward`] and [`backward`] compute `q` against `k` themselves
-/// rather than through the composed operations: at least two
-/// keys and two values per head (with one, the composed backward pass
-/// orders a key's gradient differently), and either enough heads to share
-/// among threads or too little work for threads (the composed products
-/// split one head's product among threads).
-fn fuses(q: &FlexTensor, k: &FlexTensor) -> bool {
+/// rather than through the composed operations: every input read in place
+/// ([`in_place`]); at least two keys and a head size of at least two (with
+/// one, the composed backward pass orders a key's gradient differently);
+/// and at least four heads to share among threads, or too little work for
+/// threads (with fewer heads and enough work, the composed products run
+/// faster: each head's products are threaded, and one head's product is
+/// split among the threads).
+fn fuses(q: &FlexTensor, k: &FlexTensor, others: &[&FlexTensor]) -> bool {
     let ([batch, heads, rows, d], keys) = dims(q, k);
     let groups = batch * heads;
     let threaded = groups * rows * keys * d >= GEMM_PARALLEL_OPS;
-    groups > 0 && rows > 0 && keys >= 2 && d >= 2 && (groups >= 4 || !threaded)
+    [q, k].iter().chain(others).all(|x| in_place(x))
+        && groups > 0
+        && rows > 0
+        && keys >= 2
+        && d >= 2
+        && (groups >= 4 || !threaded)
 }
 
 /// `q`'s `[batch, kv_heads, rows, d]` and the number of keys in `k`.
 fn dims(q: &FlexTensor, k: &FlexTensor) -> ([usize; 4], usize) {
-    let shape = q.shape();
-    ([shape[0], shape[1], shape[2], shape[3]], k.shape()[2])
+    let (q, k) = (q.shape(), k.shape());
+    assert!(
+        q.num_dims() == 4 && k.num_dims() == 4 && [q[0], q[1], q[3]] == [k[0], k[1], k[3]],
+        "dense attention: q {q:?} and k {k:?}, expected [batch, kv_heads, rows, d] and [batch, kv_heads, keys, d]"
+    );
+    ([q[0], q[1], q[2], q[3]], k[2])
 }
 
 /// Heads per task: one, so that threads share them, unless a product over
@@ -128,13 +147,18 @@ pub(super) fn forward(
     keep_probs: bool,
 ) -> (FlexTensor, Option<FlexTensor>) {
     let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
-    if !fuses(&q, &k) {
+    if !fuses(&q, &k, &[&v]) {
         let (out, probs) = crate::composed_dense_attention::<Flex>(q, k, v, mask);
         return (out, keep_probs.then_some(probs));
     }
     let ([batch, heads, rows, d], keys) = dims(&q, &k);
+    let (q_shape, k_shape) = ([batch, heads, rows, d], [batch, heads, keys, d]);
     let groups = batch * heads;
-    let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
+    let (q, k, v) = (
+        Heads::of(q, q_shape),
+        Heads::of(k, k_shape),
+        Heads::of(v, k_shape),
+    );
     let per_task = heads_per_task(groups, rows * keys * d);
     // Head `g`'s output into `out`, its probabilities left in `scores`.
     let head = |g: usize, out: &mut [MaybeUninit<f32>], scores: &mut [MaybeUninit<f32>]| {
@@ -186,14 +210,20 @@ pub(super) fn backward(
 ) -> [FlexTensor; 3] {
     let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
     let (probs, grad) = (f32_tensor(probs), f32_tensor(grad));
-    if !fuses(&q, &k) {
+    if !fuses(&q, &k, &[&v, &probs, &grad]) {
         return crate::composed_dense_attention_backward::<Flex>(q, k, v, probs, grad).into();
     }
     let ([batch, heads, rows, d], keys) = dims(&q, &k);
+    let (q_dims, k_dims) = ([batch, heads, rows, d], [batch, heads, keys, d]);
     let groups = batch * heads;
     let (q_shape, k_shape) = (q.shape(), k.shape());
-    let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
-    let (probs, grad) = (Heads::of(probs), Heads::of(grad));
+    let (q, k, v) = (
+        Heads::of(q, q_dims),
+        Heads::of(k, k_dims),
+        Heads::of(v, k_dims),
+    );
+    let probs = Heads::of(probs, [batch, heads, rows, keys]);
+    let grad = Heads::of(grad, q_dims);
     let per_task = heads_per_task(groups, rows * keys * d);
     let lens = [groups * rows * d, groups * keys * d, groups * keys * d];
     let chunks = [
@@ -237,7 +267,8 @@ pub(super) fn backward(
     ]
 }
 
-/// `scratch` resized to `len` values, not initialised.
+/// `scratch` resized to `len` values, not initialised (it may hold an
+/// earlier head's values).
 fn uninit(scratch: &mut Vec<MaybeUninit<f32>>, len: usize) -> &mut [MaybeUninit<f32>] {
     scratch.resize(len, MaybeUninit::uninit());
     &mut scratch[..len]
@@ -360,5 +391,36 @@ mod tests {
     fn the_fused_operation_is_the_composed_one_at_scale() {
         check([2, 2, 2, 128, 0, 64, 0], vec![0, 17], 5).unwrap();
         check([1, 2, 5, 120, 8, 16, 4], vec![3], 6).unwrap();
+    }
+
+    /// One head, where the composed products take `matmul`'s paths for a
+    /// single matrix: a decoding step's one query row (the narrow kernel),
+    /// a transposed right factor copied row-major, and a left factor whose
+    /// columns are 4 KiB apart (a column-major destination: 1024 keys).
+    #[test]
+    fn the_fused_operation_is_the_composed_one_on_one_head() {
+        check([1, 1, 1, 1, 5, 8, 2], vec![2], 7).unwrap();
+        check([1, 1, 4, 16, 8, 16, 0], vec![0], 8).unwrap();
+        check([1, 1, 1, 6, 1018, 64, 0], vec![0], 9).unwrap();
+    }
+
+    /// Inputs that are not read in place (here a transposed `v`) go to the
+    /// composed operations, with their bits.
+    #[test]
+    fn an_input_not_in_place_takes_the_composed_operations() {
+        let (rows, keys, d) = (6, 5, 4);
+        let mask = CausalMask {
+            pad_left: vec![0; 2],
+            start: 2,
+            seq: 3,
+        };
+        let q = t(seeded(&[2, 2, rows, d], 1), [2, 2, rows, d]);
+        let k = t(seeded(&[2, 2, keys, d], 2), [2, 2, keys, d]);
+        let v = t(seeded(&[2, 2, d, keys], 3), [2, 2, d, keys]).swap_dims(2, 3);
+        let [q, k, v] = [&q, &k, &v].map(inner);
+        assert!(!super::in_place(&v));
+        let (out, _) = B::dense_attention_with_probs(q.clone(), k.clone(), v.clone(), &mask);
+        let (composed, _) = crate::composed_dense_attention::<B>(q, k, v, &mask);
+        same("output", out, composed).unwrap();
     }
 }
