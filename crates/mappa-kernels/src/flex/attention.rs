@@ -13,7 +13,8 @@
 //! softmax and its backward pass are the same row kernels, so every result
 //! has the bits of [`crate::composed_dense_attention`] and of its
 //! backward pass (`the_fused_operation_is_the_composed_one`). The shapes
-//! it does not take ([`fuses`]) go to those composed operations.
+//! and layouts it does not take (`Dims::fused`, [`in_place`]) go to those
+//! composed operations.
 
 use std::mem::MaybeUninit;
 
@@ -96,44 +97,92 @@ impl Heads {
     }
 }
 
-/// Whether [`forward`] and [`backward`] compute `q` against `k` themselves
-/// rather than through the composed operations: every input read in place
-/// ([`in_place`]); at least two keys and a head size of at least two (with
-/// one, the composed backward pass orders a key's gradient differently);
-/// and at least four heads to share among threads, or too little work for
-/// threads (with fewer heads and enough work, the composed products run
-/// faster: each head's products are threaded, and one head's product is
-/// split among the threads).
-fn fuses(q: &FlexTensor, k: &FlexTensor, others: &[&FlexTensor]) -> bool {
-    let ([batch, heads, rows, d], keys) = dims(q, k);
-    let groups = batch * heads;
-    let threaded = groups * rows * keys * d >= GEMM_PARALLEL_OPS;
-    [q, k].iter().chain(others).all(|x| in_place(x))
-        && groups > 0
-        && rows > 0
-        && keys >= 2
-        && d >= 2
-        && (groups >= 4 || !threaded)
+/// The sizes of an attention: `batch * heads` key/value heads of `rows`
+/// stacked query rows, `keys` keys and head size `d`.
+#[derive(Clone, Copy)]
+struct Dims {
+    batch: usize,
+    heads: usize,
+    rows: usize,
+    keys: usize,
+    d: usize,
 }
 
-/// `q`'s `[batch, kv_heads, rows, d]` and the number of keys in `k`.
-fn dims(q: &FlexTensor, k: &FlexTensor) -> ([usize; 4], usize) {
-    let (q, k) = (q.shape(), k.shape());
-    assert!(
-        q.num_dims() == 4 && k.num_dims() == 4 && [q[0], q[1], q[3]] == [k[0], k[1], k[3]],
-        "dense attention: q {q:?} and k {k:?}, expected [batch, kv_heads, rows, d] and [batch, kv_heads, keys, d]"
-    );
-    ([q[0], q[1], q[2], q[3]], k[2])
-}
-
-/// Heads per task: one, so that threads share them, unless a product over
-/// all of them is too small for threads (as [`super::matmul`] decides).
-fn heads_per_task(groups: usize, ops_per_head: usize) -> usize {
-    if groups * ops_per_head < GEMM_PARALLEL_OPS {
-        groups
-    } else {
-        1
+impl Dims {
+    /// The sizes of `q` (`[batch, kv_heads, rows, d]`) against `k`
+    /// (`[batch, kv_heads, keys, d]`).
+    fn of(q: &FlexTensor, k: &FlexTensor) -> Self {
+        let (q, k) = (q.shape(), k.shape());
+        assert!(
+            q.num_dims() == 4 && k.num_dims() == 4 && [q[0], q[1], q[3]] == [k[0], k[1], k[3]],
+            "dense attention: q {q:?} and k {k:?}, expected [batch, kv_heads, rows, d] and [batch, kv_heads, keys, d]"
+        );
+        let [batch, heads, rows, d] = [q[0], q[1], q[2], q[3]];
+        Self {
+            batch,
+            heads,
+            rows,
+            keys: k[2],
+            d,
+        }
     }
+
+    fn groups(&self) -> usize {
+        self.batch * self.heads
+    }
+
+    /// The shape of `q`, the output and their gradients.
+    fn queries(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.rows, self.d]
+    }
+
+    /// The shape of `k`, `v` and their gradients.
+    fn keys(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.keys, self.d]
+    }
+
+    /// The shape of the scores and probabilities.
+    fn scores(&self) -> [usize; 4] {
+        [self.batch, self.heads, self.rows, self.keys]
+    }
+
+    /// Whether a product over every head is large enough for threads (as
+    /// [`super::matmul`] decides).
+    fn threaded(&self) -> bool {
+        self.groups() * self.rows * self.keys * self.d >= GEMM_PARALLEL_OPS
+    }
+
+    /// Heads per task: one, so that threads share them, unless the work is
+    /// too small for threads.
+    fn heads_per_task(&self) -> usize {
+        if self.threaded() {
+            1
+        } else {
+            self.groups()
+        }
+    }
+
+    /// Whether [`forward`] and [`backward`] compute these sizes themselves
+    /// rather than through the composed operations: at least two keys and
+    /// a head size of at least two (with one, the composed backward pass
+    /// orders a key's gradient differently), and at least four heads to
+    /// share among threads, or too little work for threads (with fewer
+    /// heads and enough work, the composed products run faster: each head's
+    /// products are threaded, and one head's product is split among the
+    /// threads). Every input must also be read in place ([`in_place`]).
+    fn fused(&self) -> bool {
+        let groups = self.groups();
+        groups > 0
+            && self.rows > 0
+            && self.keys >= 2
+            && self.d >= 2
+            && (groups >= 4 || !self.threaded())
+    }
+}
+
+/// A new f32 tensor of these values and shape.
+fn shaped(values: Vec<f32>, shape: [usize; 4]) -> FlexTensor {
+    tensor(values, Shape::from(shape.to_vec()))
 }
 
 /// [`crate::ModelBackend::dense_attention_with_probs`] (`keep_probs`) or
@@ -147,19 +196,25 @@ pub(super) fn forward(
     keep_probs: bool,
 ) -> (FlexTensor, Option<FlexTensor>) {
     let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
-    if !fuses(&q, &k, &[&v]) {
+    let dims = Dims::of(&q, &k);
+    if !(dims.fused() && [&q, &k, &v].into_iter().all(in_place)) {
         let (out, probs) = crate::composed_dense_attention::<Flex>(q, k, v, mask);
         return (out, keep_probs.then_some(probs));
     }
-    let ([batch, heads, rows, d], keys) = dims(&q, &k);
-    let (q_shape, k_shape) = ([batch, heads, rows, d], [batch, heads, keys, d]);
-    let groups = batch * heads;
+    let Dims {
+        heads,
+        rows,
+        keys,
+        d,
+        ..
+    } = dims;
+    let groups = dims.groups();
     let (q, k, v) = (
-        Heads::of(q, q_shape),
-        Heads::of(k, k_shape),
-        Heads::of(v, k_shape),
+        Heads::of(q, dims.queries()),
+        Heads::of(k, dims.keys()),
+        Heads::of(v, dims.keys()),
     );
-    let per_task = heads_per_task(groups, rows * keys * d);
+    let per_task = dims.heads_per_task();
     // Head `g`'s output into `out`, its probabilities left in `scores`.
     let head = |g: usize, out: &mut [MaybeUninit<f32>], scores: &mut [MaybeUninit<f32>]| {
         product(scores, [rows, keys, d], &q.matrix(g), &k.transposed(g));
@@ -172,7 +227,6 @@ pub(super) fn forward(
         product(out, [rows, d, keys], &probs, &v.matrix(g));
     };
     let (out_len, out_chunk) = (groups * rows * d, per_task * rows * d);
-    let out_shape = Shape::from(vec![batch, heads, rows, d]);
     if keep_probs {
         let lens = [out_len, groups * rows * keys];
         let chunks = [out_chunk, per_task * rows * keys];
@@ -184,8 +238,8 @@ pub(super) fn forward(
         };
         // SAFETY: `head` writes every output value and probability of its head.
         let [out, probs] = unsafe { fresh::uninit_buffers(lens, chunks, task) };
-        let probs = tensor(probs, Shape::from(vec![batch, heads, rows, keys]));
-        (tensor(out, out_shape), Some(probs))
+        let out = shaped(out, dims.queries());
+        (out, Some(shaped(probs, dims.scores())))
     } else {
         let task = |task: usize, [out]: [&mut [MaybeUninit<f32>]; 1]| {
             let mut scratch = Vec::new();
@@ -195,7 +249,7 @@ pub(super) fn forward(
         };
         // SAFETY: `head` writes every output value of its head.
         let [out] = unsafe { fresh::uninit_buffers([out_len], [out_chunk], task) };
-        (tensor(out, out_shape), None)
+        (shaped(out, dims.queries()), None)
     }
 }
 
@@ -210,21 +264,20 @@ pub(super) fn backward(
 ) -> [FlexTensor; 3] {
     let (q, k, v) = (f32_tensor(q), f32_tensor(k), f32_tensor(v));
     let (probs, grad) = (f32_tensor(probs), f32_tensor(grad));
-    if !fuses(&q, &k, &[&v, &probs, &grad]) {
+    let dims = Dims::of(&q, &k);
+    if !(dims.fused() && [&q, &k, &v, &probs, &grad].into_iter().all(in_place)) {
         return crate::composed_dense_attention_backward::<Flex>(q, k, v, probs, grad).into();
     }
-    let ([batch, heads, rows, d], keys) = dims(&q, &k);
-    let (q_dims, k_dims) = ([batch, heads, rows, d], [batch, heads, keys, d]);
-    let groups = batch * heads;
-    let (q_shape, k_shape) = (q.shape(), k.shape());
+    let Dims { rows, keys, d, .. } = dims;
+    let groups = dims.groups();
     let (q, k, v) = (
-        Heads::of(q, q_dims),
-        Heads::of(k, k_dims),
-        Heads::of(v, k_dims),
+        Heads::of(q, dims.queries()),
+        Heads::of(k, dims.keys()),
+        Heads::of(v, dims.keys()),
     );
-    let probs = Heads::of(probs, [batch, heads, rows, keys]);
-    let grad = Heads::of(grad, q_dims);
-    let per_task = heads_per_task(groups, rows * keys * d);
+    let probs = Heads::of(probs, dims.scores());
+    let grad = Heads::of(grad, dims.queries());
+    let per_task = dims.heads_per_task();
     let lens = [groups * rows * d, groups * keys * d, groups * keys * d];
     let chunks = [
         per_task * rows * d,
@@ -261,9 +314,9 @@ pub(super) fn backward(
     // SAFETY: each task's products write every gradient value of its heads.
     let [dq, dk, dv] = unsafe { fresh::uninit_buffers(lens, chunks, task) };
     [
-        tensor(dq, q_shape),
-        tensor(dk, k_shape.clone()),
-        tensor(dv, k_shape),
+        shaped(dq, dims.queries()),
+        shaped(dk, dims.keys()),
+        shaped(dv, dims.keys()),
     ]
 }
 
