@@ -273,6 +273,25 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Panics, naming `which`, unless the `rows x cols` elements of the view
+    /// (strides not negative) lie within its data.
+    fn check_reaches(&self, rows: usize, cols: usize, which: &str) {
+        let (rs, cs) = (self.row_stride, self.col_stride);
+        let last = rows
+            .checked_sub(1)
+            .zip(cols.checked_sub(1))
+            .map(|(r, c)| self.start + r as isize * rs + c as isize * cs);
+        assert!(
+            self.start >= 0
+                && rs >= 0
+                && cs >= 0
+                && last.is_none_or(|l| (l as usize) < self.data.len()),
+            "product: the {which} view ({rows} x {cols}, start {}, strides {rs} and {cs}) reaches past its {} values",
+            self.start,
+            self.data.len()
+        );
+    }
+
     fn new(tensor: &'a FlexTensor, layout: &Layout, rank: usize) -> Self {
         let strides = layout.strides();
         Self {
@@ -294,6 +313,8 @@ pub(super) fn product(out: &mut [MaybeUninit<f32>], [m, n, k]: [usize; 3], lhs: 
         "product: {m} x {k} @ {k} x {n} into {} values",
         out.len()
     );
+    lhs.check_reaches(m, k, "lhs");
+    rhs.check_reaches(k, n, "rhs");
     let none = gemm::Parallelism::None;
     gemm_chunked(out, m, n, k, lhs, 0, rhs, 0, none, false);
 }
@@ -333,8 +354,9 @@ fn gemm_chunked(
             dst_col_major,
         };
         // SAFETY: the views' offsets and strides come from burn layouts of
-        // tensors whose storage holds every element they address; `out` is
-        // a dense m x n buffer.
+        // tensors whose storage holds every element they address, or were
+        // checked against their data (`product`); `out` is a dense m x n
+        // buffer.
         unsafe {
             call.run(
                 out.as_mut_ptr().cast::<f32>(),
@@ -811,6 +833,22 @@ mod tests {
                 .collect();
             assert_eq!(bits(got), want, "n = {n}");
         }
+    }
+
+    #[test]
+    #[should_panic(expected = "reaches past its 6 values")]
+    fn a_product_refuses_a_view_past_its_data() {
+        let data = [1.0f32; 6];
+        let mut out = [MaybeUninit::new(0.0f32); 4];
+        // 2 x 3 rows of stride 3 fit; 2 x 4 with columns 1 apart do not.
+        let (fits, past) = (View::strided(&data, 0, 3, 1), View::strided(&data, 0, 3, 1));
+        product(&mut out, [2, 2, 3], &fits, &View::strided(&data, 0, 2, 1));
+        product(
+            &mut out[..2],
+            [2, 1, 4],
+            &past,
+            &View::strided(&data, 0, 1, 1),
+        );
     }
 
     #[test]
