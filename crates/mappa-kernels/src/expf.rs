@@ -17,6 +17,10 @@
 //! few values, so the port is checked even where another C library runs.
 //! Measured in `just bench-kernels` (`exp`).
 
+use std::mem::MaybeUninit;
+
+use crate::written::write_all;
+
 /// `2^(i/32)` rounded to double, less `i << 47` (so that adding `k << 47`
 /// for `k = 32 e + i` scales it by `2^e`).
 const TABLE: [u64; 32] = [
@@ -102,16 +106,15 @@ pub fn sigmoid(x: f32) -> f32 {
     }
 }
 
-/// `out[i] = sigmoid(x[i])`, the same bits as [`sigmoid`], vectorised.
+/// `out[i] = sigmoid(x[i])`, the same bits as [`sigmoid`], vectorised;
+/// `out` (uninitialised or not) is returned written.
 ///
 /// # Panics
 /// If the slices differ in length.
 #[inline(always)]
-pub fn sigmoid_into(x: &[f32], out: &mut [f32]) {
+pub fn sigmoid_into<'a>(x: &[f32], out: &'a mut [MaybeUninit<f32>]) -> &'a mut [f32] {
     assert_eq!(x.len(), out.len(), "sigmoid_into: lengths differ");
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = -v.abs();
-    }
+    let out = write_all(out, x.iter().map(|v| -v.abs()));
     exp_in_place(out);
     for (o, &v) in out.iter_mut().zip(x) {
         let e = *o;
@@ -121,6 +124,7 @@ pub fn sigmoid_into(x: &[f32], out: &mut [f32]) {
             e / (1.0 + e)
         };
     }
+    out
 }
 
 /// `x[i] = exp(x[i])`, the same bits as [`exp`]: eight values at a time
@@ -567,9 +571,9 @@ mod tests {
                 );
             }
         }
-        let mut sigmoids = vec![0.0; inputs.len()];
-        sigmoid_into(&inputs, &mut sigmoids);
-        for (x, got) in inputs.iter().zip(&sigmoids) {
+        let mut sigmoids = vec![MaybeUninit::uninit(); inputs.len()];
+        let sigmoids = sigmoid_into(&inputs, &mut sigmoids);
+        for (x, got) in inputs.iter().zip(sigmoids.iter()) {
             let want = sigmoid(*x);
             assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()));
         }

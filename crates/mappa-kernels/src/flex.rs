@@ -37,6 +37,8 @@ use burn::tensor::{Bytes, DType, FloatDType, Shape, TensorMetadata};
 use rayon::prelude::*;
 
 use crate::expf::{libm_exp_in_place, sigmoid_into};
+use crate::written::{write_all, write_rows};
+use std::mem::MaybeUninit;
 
 /// `fn name(args) body`, compiled twice: for AVX2, run where the CPU has
 /// it, and for the baseline (SSE2). The target feature only widens the
@@ -45,15 +47,15 @@ use crate::expf::{libm_exp_in_place, sigmoid_into};
 /// calls is widened with it only if inlined: the helpers it uses here are
 /// `#[inline(always)]`.
 macro_rules! widened {
-    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+    ($(#[$meta:meta])* fn $name:ident $(<$($lt:lifetime),+>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
-        fn $name($($arg: $ty),*) $(-> $ret)? {
+        fn $name $(<$($lt),+>)? ($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn body($($arg: $ty),*) $(-> $ret)? $body
+            fn body $(<$($lt),+>)? ($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") {
                 #[target_feature(enable = "avx2")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                unsafe fn avx2 $(<$($lt),+>)? ($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
                 // SAFETY: AVX2 is present (checked just above).
@@ -205,7 +207,7 @@ impl ModelBackend for Flex {
         let (up, _) = contiguous(up);
         let out = fresh::in_chunks(gate.len(), ELEMENTS_PER_TASK, |start, out| {
             let end = start + out.len();
-            swiglu_chunk(&gate[start..end], &up[start..end], out);
+            swiglu_chunk(&gate[start..end], &up[start..end], out)
         });
         tensor(out, shape)
     }
@@ -220,13 +222,13 @@ impl ModelBackend for Flex {
         let (grad, _) = contiguous(grad);
         let n = gate.len();
         let chunks = [ELEMENTS_PER_TASK; 2];
-        let [d_gate, d_up] = fresh::buffers([n, n], chunks, |task, [d_gate, d_up]| {
+        let [d_gate, d_up] = fresh::filled([n, n], chunks, |task, [d_gate, d_up]| {
             let (start, end) = (
                 task * ELEMENTS_PER_TASK,
                 task * ELEMENTS_PER_TASK + d_gate.len(),
             );
             let (gate, up, grad) = (&gate[start..end], &up[start..end], &grad[start..end]);
-            swiglu_backward_chunk(gate, up, grad, d_gate, d_up);
+            swiglu_backward_chunk(gate, up, grad, d_gate, d_up)
         });
         (tensor(d_gate, shape.clone()), tensor(d_up, shape))
     }
@@ -267,13 +269,13 @@ impl ModelBackend for Flex {
         let (x, shape) = contiguous(scores);
         let [heads, rows, keys] = [shape[1], shape[2], shape[3]];
         let out = fresh::in_chunks(x.len(), keys * ROWS_PER_TASK, |start, out| {
-            for (i, out) in out.chunks_mut(keys).enumerate() {
+            write_rows(out, keys, |i, out| {
                 // Row `r` of head `bh` (batch row `bh / heads`).
                 let row = start / keys + i;
                 let (bh, r) = (row / rows, row % rows);
                 let seen = mask.keys(bh / heads, mask.column(r));
-                masked_softmax_row(&x[row * keys..][..keys], seen, out);
-            }
+                masked_softmax_row(&x[row * keys..][..keys], seen, out)
+            })
         });
         tensor(out, shape)
     }
@@ -569,7 +571,7 @@ fn rope_pass(
     let out = fresh::in_chunks(y.len(), rows_per_task * d, |start, out| {
         let end = start + out.len();
         let (y, cos, sin) = (&y[start..end], &cos[start..end], &sin[start..end]);
-        rotate_rows(y, cos, sin, scale as f32, d, out, turn);
+        rotate_rows(y, cos, sin, scale as f32, d, out, turn)
     });
     tensor(out, shape)
 }
@@ -591,15 +593,15 @@ widened! {
     /// default rotates by a product with a signed permutation matrix: one FMA
     /// chain from +0 whose only nonzero term is `±v`, so each rotated element
     /// is `0 + (±v)` here, which keeps its bits, signed zeros included.
-    fn rotate_rows(
+    fn rotate_rows<'a>(
         y: &[f32],
         cos: &[f32],
         sin: &[f32],
         scale: f32,
         d: usize,
-        out: &mut [f32],
+        out: &'a mut [MaybeUninit<f32>],
         turn: RotateHalf,
-    ) {
+    ) -> &'a mut [f32] {
         let half = d / 2;
         // The scaled gradient, which only the backward pass with a scale needs.
         let mut scaled = if turn == RotateHalf::Inverse && scale != 1.0 {
@@ -608,12 +610,9 @@ widened! {
             Vec::new()
         };
         let mut turned = vec![0.0f32; d];
-        for (((y, cos), sin), out) in y
-            .chunks(d)
-            .zip(cos.chunks(d))
-            .zip(sin.chunks(d))
-            .zip(out.chunks_mut(d))
-        {
+        write_rows(out, d, |row, out| {
+            let at = row * d..row * d + out.len();
+            let (y, cos, sin) = (&y[at.clone()], &cos[at.clone()], &sin[at]);
             match turn {
                 RotateHalf::Forward => {
                     let (y1, y2) = y.split_at(half);
@@ -624,14 +623,14 @@ widened! {
                     for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(&sin[half..]) {
                         *t = (0.0 + a) * b;
                     }
-                    for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
-                        *o = v * c + t;
-                    }
+                    let rotated = y.iter().zip(cos).zip(&turned).map(|((&v, &c), &t)| v * c + t);
+                    let out = write_all(out, rotated);
                     if scale != 1.0 {
                         for o in out.iter_mut() {
                             *o *= scale;
                         }
                     }
+                    out
                 }
                 RotateHalf::Inverse => {
                     let y = if scale == 1.0 {
@@ -651,45 +650,50 @@ widened! {
                     for ((t, &a), &b) in t2.iter_mut().zip(y1).zip(s1) {
                         *t = 0.0 + -(a * b);
                     }
-                    for (((o, &v), &c), &t) in out.iter_mut().zip(y).zip(cos).zip(&turned) {
-                        *o = v * c + t;
-                    }
+                    write_all(out, y.iter().zip(cos).zip(&turned).map(|((&v, &c), &t)| v * c + t))
                 }
             }
-        }
+        })
     }
 }
 
 widened! {
     /// One row of RMSNorm: `x * inv_rms(x) * gamma`, element by element.
-    fn rms_norm_row(row: &[f32], gamma: &[f32], epsilon: f64, out: &mut [f32]) {
+    fn rms_norm_row<'a>(
+        row: &[f32],
+        gamma: &[f32],
+        epsilon: f64,
+        out: &'a mut [MaybeUninit<f32>],
+    ) -> &'a mut [f32] {
         let inv = inv_rms(row, epsilon);
-        for ((o, &v), &g) in out.iter_mut().zip(row).zip(gamma) {
-            *o = v * inv * g;
-        }
+        write_all(out, row.iter().zip(gamma).map(|(&v, &g)| v * inv * g))
     }
 }
 
 widened! {
     /// One row's softmax: `exp(x - max) / Σ exp(x - max)`.
-    fn softmax_row(row: &[f32], out: &mut [f32]) {
+    fn softmax_row<'a>(row: &[f32], out: &'a mut [MaybeUninit<f32>]) -> &'a mut [f32] {
         let max = row_max(row);
-        for (o, &v) in out.iter_mut().zip(row) {
-            *o = v - max;
-        }
+        let out = write_all(out, row.iter().map(|&v| v - max));
         libm_exp_in_place(out);
         let total = sum(out);
         for o in out.iter_mut() {
             *o /= total;
         }
+        out
     }
 }
 
 /// One row of the softmax's gradient given its output `y`:
 /// `y * (grad - grad · y)`.
-fn softmax_backward_row(y: &[f32], grad: &[f32], out: &mut [f32]) {
-    out.copy_from_slice(grad);
+fn softmax_backward_row<'a>(
+    y: &[f32],
+    grad: &[f32],
+    out: &'a mut [MaybeUninit<f32>],
+) -> &'a mut [f32] {
+    let out = write_all(out, grad.iter().copied());
     softmax_backward_in_place(y, out);
+    out
 }
 
 widened! {
@@ -704,24 +708,30 @@ widened! {
 
 widened! {
     /// One row's log-softmax: `x - log_sum_exp(x)`.
-    fn log_softmax_row(row: &[f32], out: &mut [f32]) {
-        let lse = log_sum_exp(row, out);
+    fn log_softmax_row<'a>(row: &[f32], out: &'a mut [MaybeUninit<f32>]) -> &'a mut [f32] {
+        let (lse, out) = log_sum_exp(row, out);
         for (o, &v) in out.iter_mut().zip(row) {
             *o = v - lse;
         }
+        out
     }
 }
 
 widened! {
     /// One row of the log-softmax's gradient given its output `y`:
     /// `grad - exp(y) * Σ grad`.
-    fn log_softmax_backward_row(y: &[f32], grad: &[f32], out: &mut [f32]) {
+    fn log_softmax_backward_row<'a>(
+        y: &[f32],
+        grad: &[f32],
+        out: &'a mut [MaybeUninit<f32>],
+    ) -> &'a mut [f32] {
         let total = sum(grad);
-        out.copy_from_slice(y);
+        let out = write_all(out, y.iter().copied());
         libm_exp_in_place(out);
         for (o, &g) in out.iter_mut().zip(grad) {
             *o = g - *o * total;
         }
+        out
     }
 }
 
@@ -758,43 +768,53 @@ widened! {
 
 widened! {
     /// `out = silu(gate) * up`, element by element, as `gate * sigmoid(gate) * up`.
-    fn swiglu_chunk(gate: &[f32], up: &[f32], out: &mut [f32]) {
-        sigmoid_into(gate, out);
+    fn swiglu_chunk<'a>(gate: &[f32], up: &[f32], out: &'a mut [MaybeUninit<f32>]) -> &'a mut [f32] {
+        let out = sigmoid_into(gate, out);
         for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
             *o = g * *o * u;
         }
+        out
     }
 }
 
 widened! {
     /// SwiGLU's gradients with respect to `gate` and `up`, given the
     /// output's gradient `grad`, element by element.
-    fn swiglu_backward_chunk(
+    fn swiglu_backward_chunk<'a>(
         gate: &[f32],
         up: &[f32],
         grad: &[f32],
-        d_gate: &mut [f32],
-        d_up: &mut [f32],
-    ) {
+        d_gate: &'a mut [MaybeUninit<f32>],
+        d_up: &'a mut [MaybeUninit<f32>],
+    ) -> [&'a mut [f32]; 2] {
         // The sigmoids first (vectorised), then each element's terms.
-        sigmoid_into(gate, d_gate);
-        let outputs = d_gate.iter_mut().zip(d_up.iter_mut());
-        for ((((dg, du), &g), &u), &dy) in outputs.zip(gate).zip(up).zip(grad) {
-            // burn's graph of g * sigmoid(g) * u, term by term: the
-            // product rule's two terms for g, the sigmoid's own backward.
-            let s = *dg;
-            let d_silu = dy * u;
-            *dg = d_silu * s + d_silu * g * s * (1.0 - s);
-            *du = dy * (g * s);
-        }
+        let d_gate = sigmoid_into(gate, d_gate);
+        let terms = d_gate.iter_mut().zip(gate).zip(up).zip(grad);
+        let d_up = write_all(
+            d_up,
+            terms.map(|(((dg, &g), &u), &dy)| {
+                // burn's graph of g * sigmoid(g) * u, term by term: the
+                // product rule's two terms for g, the sigmoid's own backward.
+                let s = *dg;
+                let d_silu = dy * u;
+                *dg = d_silu * s + d_silu * g * s * (1.0 - s);
+                dy * (g * s)
+            }),
+        );
+        [d_gate, d_up]
     }
 }
 
 /// `out = softmax(row + bias)` for the bias that is 0 on the keys `seen`
 /// and `-inf` elsewhere ([`masked_softmax_in_place`] of the row's seen keys).
-fn masked_softmax_row(row: &[f32], seen: std::ops::RangeInclusive<usize>, out: &mut [f32]) {
-    out[seen.clone()].copy_from_slice(&row[seen.clone()]);
+fn masked_softmax_row<'a>(
+    row: &[f32],
+    seen: std::ops::RangeInclusive<usize>,
+    out: &'a mut [MaybeUninit<f32>],
+) -> &'a mut [f32] {
+    let out = write_all(out, row.iter().copied());
     masked_softmax_in_place(out, seen);
+    out
 }
 
 widened! {
@@ -860,13 +880,11 @@ widened! {
     /// `log(Σ exp(row))`, shifted by the row's maximum; `scratch` (the row's
     /// length) is overwritten. Log-softmax and token log-probabilities share it,
     /// hence their bits.
-    fn log_sum_exp(row: &[f32], scratch: &mut [f32]) -> f32 {
+    fn log_sum_exp<'a>(row: &[f32], scratch: &'a mut [MaybeUninit<f32>]) -> (f32, &'a mut [f32]) {
         let max = row_max(row);
-        for (s, &v) in scratch.iter_mut().zip(row) {
-            *s = v - max;
-        }
+        let scratch = write_all(scratch, row.iter().map(|&v| v - max));
         libm_exp_in_place(scratch);
-        max + libm::logf(sum(scratch))
+        (max + libm::logf(sum(scratch)), scratch)
     }
 }
 
@@ -950,9 +968,10 @@ fn widen_bf16(x: FlexTensor) -> FlexTensor {
     let start = x.layout().start_offset();
     let source = &x.storage::<burn::tensor::bf16>()[start..start + shape.num_elements()];
     let out = fresh::in_chunks(source.len(), ELEMENTS_PER_TASK, |start, out| {
-        for (o, &b) in out.iter_mut().zip(&source[start..]) {
-            *o = f32::from_bits(u32::from(b.to_bits()) << 16);
-        }
+        let widened = source[start..]
+            .iter()
+            .map(|b| f32::from_bits(u32::from(b.to_bits()) << 16));
+        write_all(out, widened)
     });
     tensor(out, shape)
 }

@@ -26,6 +26,7 @@ pub mod alloc;
 mod autodiff;
 pub mod expf;
 pub mod flex;
+mod written;
 
 use burn::prelude::*;
 use burn::tensor::ops::{FloatTensor, IntTensor};

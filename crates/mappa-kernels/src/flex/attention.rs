@@ -23,6 +23,7 @@ use burn::tensor::{Shape, TensorMetadata};
 
 use super::matmul::{product, View, GEMM_PARALLEL_OPS};
 use super::{f32_tensor, fresh, masked_softmax_in_place, softmax_backward_in_place, tensor};
+use crate::written::assume_init_mut;
 use crate::CausalMask;
 
 /// A `[batch, heads, rows, cols]` f32 tensor read in place through its
@@ -219,7 +220,7 @@ pub(super) fn forward(
     let head = |g: usize, out: &mut [MaybeUninit<f32>], scores: &mut [MaybeUninit<f32>]| {
         product(scores, [rows, keys, d], &q.matrix(g), &k.transposed(g));
         // SAFETY: the product wrote every score.
-        let probs = unsafe { assume_init(scores) };
+        let probs = unsafe { assume_init_mut(scores) };
         for (r, row) in probs.chunks_mut(keys).enumerate() {
             masked_softmax_in_place(row, mask.keys(g / heads, mask.column(r)));
         }
@@ -297,7 +298,7 @@ pub(super) fn backward(
             let dp = uninit(&mut scratch, rows * keys);
             product(dp, [rows, keys, d], &grad.matrix(g), &v.transposed(g));
             // SAFETY: the product wrote every value.
-            let ds = unsafe { assume_init(dp) };
+            let ds = unsafe { assume_init_mut(dp) };
             for (r, ds) in ds.chunks_mut(keys).enumerate() {
                 softmax_backward_in_place(probs.row(g, r, keys), ds);
             }
@@ -325,16 +326,6 @@ pub(super) fn backward(
 fn uninit(scratch: &mut Vec<MaybeUninit<f32>>, len: usize) -> &mut [MaybeUninit<f32>] {
     scratch.resize(len, MaybeUninit::uninit());
     &mut scratch[..len]
-}
-
-/// `chunk` as the initialised values it holds.
-///
-/// # Safety
-/// Every element of `chunk` must have been written.
-unsafe fn assume_init(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
-    // SAFETY: the caller's promise; `MaybeUninit<f32>` has the size and
-    // alignment of `f32`.
-    unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
 }
 
 #[cfg(test)]

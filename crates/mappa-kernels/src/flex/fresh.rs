@@ -1,5 +1,5 @@
-//! New output buffers for the CPU kernels, zeroed by the tasks that write
-//! them rather than by the calling thread.
+//! New output buffers for the CPU kernels, written by the tasks that
+//! compute them rather than prepared by the calling thread.
 //!
 //! `vec![0.0; n]` has the thread that asks for a buffer clear it, serially,
 //! before any kernel task starts: with freed memory kept for reuse
@@ -7,13 +7,21 @@
 //! runs `memset` over recycled memory. In a 1m training step that was about
 //! a quarter of the calling thread's time, while rayon's workers waited.
 //! Here a buffer is allocated uninitialised and cut into the kernel's task
-//! chunks; each task zeroes its own chunk (in cache, just before writing
-//! it) and then runs the kernel on it. The kernels see zeroed chunks as
-//! before, so every result keeps its bits. Copies ([`copied`]) write
-//! their chunks without zeroing them first.
+//! chunks, and each task makes its own chunk:
+//! - kernels that write every element before reading any ([`filled`],
+//!   [`in_chunks`], [`rows`], [`row_pairs`]) get their chunk uninitialised
+//!   and hand it back written (`crate::written`), checked;
+//! - kernels that add into their output ([`buffers`]) get their chunk
+//!   zeroed, in cache, just before they write it;
+//! - copies ([`copied`]) write their chunks from their sources.
+//!
+//! Either way each element gets the value it got from a zeroed buffer, so
+//! every result keeps its bits.
 
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+
+use crate::written::{assume_init_mut, is_written, write_rows};
 
 /// `N` new buffers of `lens[i]` elements, each cut into chunks of
 /// `chunks[i]` elements (the last may be shorter), and
@@ -128,62 +136,90 @@ pub(super) unsafe fn uninit_buffers<const N: usize>(
 /// A chunk of uninitialised memory set to `+0.0`, as `&mut [f32]`.
 fn zeroed(chunk: &mut [MaybeUninit<f32>]) -> &mut [f32] {
     chunk.fill(MaybeUninit::new(0.0));
-    // SAFETY: every element was just initialised, and `MaybeUninit<f32>`
-    // has the size and alignment of `f32`.
-    unsafe { &mut *(chunk as *mut [MaybeUninit<f32>] as *mut [f32]) }
+    // SAFETY: every element was just initialised.
+    unsafe { assume_init_mut(chunk) }
 }
 
-/// A new buffer of `len` elements, `f(start, chunk)` run over chunks of
-/// `chunk` elements (`start` is the chunk's first index), each zeroed first.
+/// `N` new buffers cut into chunks as in [`buffers`], each task's chunks
+/// handed to `f(task, chunks)` uninitialised, which returns them written
+/// ([`crate::written`]): for kernels that write every element before they
+/// read any, which need no zeroing.
+///
+/// # Panics
+/// As [`buffers`] does, and if a chunk comes back as other memory.
+pub(super) fn filled<const N: usize>(
+    lens: [usize; N],
+    chunks: [usize; N],
+    f: impl for<'a> Fn(usize, [&'a mut [MaybeUninit<f32>]; N]) -> [&'a mut [f32]; N] + Sync,
+) -> [Vec<f32>; N] {
+    let task = |task: usize, parts: [&mut [MaybeUninit<f32>]; N]| {
+        let handed: [(*const MaybeUninit<f32>, usize); N] =
+            std::array::from_fn(|i| (parts[i].as_ptr(), parts[i].len()));
+        for (i, (written, (start, len))) in f(task, parts).into_iter().zip(handed).enumerate() {
+            assert!(
+                is_written(start, len, written),
+                "fresh buffers: task {task} gave back other memory for buffer {i}"
+            );
+        }
+    };
+    // SAFETY: each chunk came back as a `&mut [f32]` over that same chunk
+    // (checked above), so each of its elements holds a value.
+    unsafe { uninit_buffers(lens, chunks, task) }
+}
+
+/// A new buffer of `len` elements, written by `f(start, chunk)` over chunks
+/// of `chunk` elements (`start` is the chunk's first index), which returns
+/// its chunk written (tasks as in [`filled`]).
 pub(super) fn in_chunks(
     len: usize,
     chunk: usize,
-    f: impl Fn(usize, &mut [f32]) + Sync,
+    f: impl Fn(usize, &mut [MaybeUninit<f32>]) -> &mut [f32] + Sync,
 ) -> Vec<f32> {
-    let [out] = buffers([len], [chunk], |task, [out]| f(task * chunk, out));
+    let [out] = filled([len], [chunk], |task, [out]| [f(task * chunk, out)]);
     out
 }
 
-/// A new buffer of `x`'s length, `f(row, out_row)` run for each row of `d`
-/// elements of `x`, [`super::ROWS_PER_TASK`] rows per task.
-pub(super) fn rows(x: &[f32], d: usize, f: impl Fn(&[f32], &mut [f32]) + Sync) -> Vec<f32> {
+/// A new buffer of `x`'s length, written by `f(row, out_row)` for each row
+/// of `d` elements of `x` (which returns `out_row` written),
+/// [`super::ROWS_PER_TASK`] rows per task.
+pub(super) fn rows(
+    x: &[f32],
+    d: usize,
+    f: impl for<'a> Fn(&[f32], &'a mut [MaybeUninit<f32>]) -> &'a mut [f32] + Sync,
+) -> Vec<f32> {
     if d == 0 {
         return Vec::new();
     }
     let chunk = d * super::ROWS_PER_TASK;
     in_chunks(x.len(), chunk, |start, out| {
-        for (out, row) in out.chunks_mut(d).zip(x[start..].chunks(d)) {
-            f(row, out);
-        }
+        write_rows(out, d, |i, out| f(&x[start + i * d..][..out.len()], out))
     })
 }
 
-/// A new buffer of `a`'s length, `f(a_row, b_row, out_row)` run for each
-/// row of `d` elements (tasks as in [`rows`]).
+/// A new buffer of `a`'s length, written by `f(a_row, b_row, out_row)` for
+/// each row of `d` elements (tasks as in [`rows`]).
 pub(super) fn row_pairs(
     a: &[f32],
     b: &[f32],
     d: usize,
-    f: impl Fn(&[f32], &[f32], &mut [f32]) + Sync,
+    f: impl for<'a> Fn(&[f32], &[f32], &'a mut [MaybeUninit<f32>]) -> &'a mut [f32] + Sync,
 ) -> Vec<f32> {
     if d == 0 {
         return Vec::new();
     }
     let chunk = d * super::ROWS_PER_TASK;
     in_chunks(a.len(), chunk, |start, out| {
-        let rows = out
-            .chunks_mut(d)
-            .zip(a[start..].chunks(d))
-            .zip(b[start..].chunks(d));
-        for ((out, a), b) in rows {
-            f(a, b, out);
-        }
+        write_rows(out, d, |i, out| {
+            let at = start + i * d..start + i * d + out.len();
+            f(&a[at.clone()], &b[at], out)
+        })
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::written::write_all;
 
     /// Every chunk reaches the kernel zeroed, once, with its task's index,
     /// whether the buffer was recycled dirty memory or not.
@@ -230,6 +266,40 @@ mod tests {
         copied(40, 20, |start| {
             std::iter::once(&[0.0f32; 10][..]).take(start + 1)
         });
+    }
+
+    /// Written buffers reach the kernel chunk by chunk, once each, and come
+    /// back as written; rows are cut within each chunk.
+    #[test]
+    fn written_buffers_hold_what_each_task_wrote() {
+        for len in [0, 1, 5, 64, 1000, 1 << 15] {
+            let [a, b] = filled([len, len.div_ceil(7)], [7, 1], |task, [a, b]| {
+                let a = write_all(a, (task * 7..).map(|i| i as f32));
+                [a, write_all(b, std::iter::once(task as f32))]
+            });
+            assert_eq!(a, (0..len).map(|i| i as f32).collect::<Vec<_>>());
+            assert_eq!(
+                b,
+                (0..len.div_ceil(7)).map(|i| i as f32).collect::<Vec<_>>()
+            );
+        }
+        let x: Vec<f32> = (0..3 * super::super::ROWS_PER_TASK * 5 + 2)
+            .map(|i| i as f32)
+            .collect();
+        let doubled = rows(&x, 5, |row, out| {
+            write_all(out, row.iter().map(|v| 2.0 * v))
+        });
+        assert_eq!(doubled, x.iter().map(|v| 2.0 * v).collect::<Vec<_>>());
+        let summed = row_pairs(&x, &doubled, 5, |a, b, out| {
+            write_all(out, a.iter().zip(b).map(|(a, b)| a + b))
+        });
+        assert_eq!(summed, x.iter().map(|v| 3.0 * v).collect::<Vec<_>>());
+    }
+
+    #[test]
+    #[should_panic(expected = "task 0 gave back other memory for buffer 0")]
+    fn a_written_chunk_must_come_back_as_itself() {
+        in_chunks(4, 4, |_, _| Box::leak(Box::new([0.0f32; 4])));
     }
 
     #[test]

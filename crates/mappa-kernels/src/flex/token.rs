@@ -22,6 +22,7 @@
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Shape, TensorMetadata};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 use super::{
     contiguous, copy, f32_tensor, fresh, ids_below, log_sum_exp, tensor, writable, ROWS_PER_TASK,
@@ -36,11 +37,11 @@ pub(super) fn forward(logits: FlexTensor, targets: FlexTensor) -> (FlexTensor, F
     let n = rows.offsets.len();
     let chunks = [ROWS_PER_TASK; 2];
     let [picked, lse] = fresh::buffers([n, n], chunks, |task, [picked, lse]| {
-        let mut exps = vec![0.0f32; rows.width];
+        let mut exps = vec![MaybeUninit::uninit(); rows.width];
         for (i, (picked, lse)) in picked.iter_mut().zip(lse.iter_mut()).enumerate() {
             let r = task * ROWS_PER_TASK + i;
             let row = rows.row(r);
-            *lse = log_sum_exp(row, &mut exps);
+            *lse = log_sum_exp(row, &mut exps).0;
             *picked = row[ids[r]] - *lse;
         }
     });
