@@ -590,26 +590,29 @@ mod tests {
     }
 
     /// RoPE's kernel gives the bits of the rotation-matrix product it
-    /// replaced, forward and backward, signed zeros included, so models
-    /// trained before it existed train the same.
+    /// replaced (each token's table row for all its heads, then the heads
+    /// moved before the tokens), forward and backward, signed zeros
+    /// included, so models trained before it existed train the same.
     #[test]
     fn rope_is_the_rotation_matrix_product_bit_for_bit() {
         // Enough rows for two threads' chunks; zeros of both signs in the
         // input and the output's gradient, where signed zeros could differ.
-        let (rows, d) = (300, 64);
+        let ([b, s, h], d) = ([4, 25, 3], 64);
+        let (tokens, rows) = (b * s, b * s * h);
         let mut x = values(rows * d, 11);
         x[..4].copy_from_slice(&[0.0, -0.0, 0.0, -0.0]);
         x[d / 2..d / 2 + 4].copy_from_slice(&[-0.0, -0.0, 0.0, 0.0]);
         let mut weights = values(rows * d, 12);
         weights[..4].copy_from_slice(&[-0.0, 0.0, -0.0, 0.0]);
         weights[d / 2..d / 2 + 4].copy_from_slice(&[-0.0, -0.0, 0.0, 0.0]);
-        let weights = Tensor::<CpuAutodiff, 2>::from_data(
-            TensorData::new(weights, [rows, d]),
+        // The output's layout, heads first.
+        let weights = Tensor::<CpuAutodiff, 4>::from_data(
+            TensorData::new(weights, [b, h, s, d]),
             &Default::default(),
         );
         let input = || {
-            Tensor::<CpuAutodiff, 2>::from_data(
-                TensorData::new(x.clone(), [rows, d]),
+            Tensor::<CpuAutodiff, 4>::from_data(
+                TensorData::new(x.clone(), [b, s, h, d]),
                 &Default::default(),
             )
             .require_grad()
@@ -617,13 +620,17 @@ mod tests {
         // Positive table entries where the zeros sit, so that every pairing
         // of zero signs reaches the output's sign.
         let table = |seed| {
-            let mut t = values(rows * d, seed);
+            let mut t = values(tokens * d, seed);
             t[..4].fill(0.5);
             t[d / 2..d / 2 + 4].fill(0.5);
-            Tensor::<CpuAutodiff, 2>::from_data(TensorData::new(t, [rows, d]), &Default::default())
+            Tensor::<CpuAutodiff, 2>::from_data(
+                TensorData::new(t, [tokens, d]),
+                &Default::default(),
+            )
         };
         let (cos, sin) = (table(13), table(14));
-        let bits = |t: Tensor<Cpu, 2>| {
+        let per_token = |t: &Tensor<CpuAutodiff, 2>| t.clone().reshape([tokens, 1, d]);
+        let bits = |t: Tensor<Cpu, 4>| {
             t.into_data()
                 .to_vec::<f32>()
                 .unwrap()
@@ -635,11 +642,14 @@ mod tests {
             let (x1, x2) = (input(), input());
             let mine = crate::rope(x1.clone(), cos.clone(), sin.clone(), scale);
             let rotate = crate::rotate_half_matrix::<CpuAutodiff>(d, &Default::default());
-            let rotated = crate::matmul(x2.clone(), rotate);
-            let mut theirs = x2.clone() * cos.clone() + rotated * sin.clone();
+            let rotated = crate::matmul(x2.clone().reshape([rows, d]), rotate);
+            let x3 = x2.clone().reshape([tokens, h, d]);
+            let rotated = rotated.reshape([tokens, h, d]);
+            let mut theirs = x3 * per_token(&cos) + rotated * per_token(&sin);
             if scale != 1.0 {
                 theirs = theirs * scale;
             }
+            let theirs = theirs.reshape([b, s, h, d]).swap_dims(1, 2);
             assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
             let mine = (mine * weights.clone()).sum().backward();
             let theirs = (theirs * weights.clone()).sum().backward();

@@ -554,8 +554,9 @@ fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
 const ELEMENTS_PER_TASK: usize = 1 << 14;
 
 /// RoPE's forward (`turn` = [`RotateHalf::Forward`]) or backward pass over
-/// `y` (the input or the output's gradient), row by row in parallel; see
-/// [`rotate_rows`].
+/// `y` (the input `[batch, seq, heads, d]` or the output's gradient
+/// `[batch, heads, seq, d]`), written with its two middle dimensions
+/// swapped, rows in parallel; see [`rotate_rows`].
 fn rope_pass(
     y: FloatTensor<Flex>,
     cos: FloatTensor<Flex>,
@@ -566,18 +567,50 @@ fn rope_pass(
     let (y, shape) = contiguous(y);
     let (cos, _) = contiguous(cos);
     let (sin, _) = contiguous(sin);
-    let d = last_dim(&shape);
+    let [b, a, c, d] = shape.dims::<4>();
+    let rows = RopeRows {
+        d,
+        outer: a,
+        inner: c,
+        turn,
+    };
     let rows_per_task = (ELEMENTS_PER_TASK / d.max(1)).max(1);
     let out = fresh::in_chunks(y.len(), rows_per_task * d, |start, out| {
-        let end = start + out.len();
-        let (y, cos, sin) = (&y[start..end], &cos[start..end], &sin[start..end]);
-        rotate_rows(y, cos, sin, scale as f32, d, out, turn)
+        rotate_rows(&y, &cos, &sin, scale as f32, rows, start / d.max(1), out)
     });
-    tensor(out, shape)
+    tensor(out, Shape::from(vec![b, c, a, d]))
+}
+
+/// The rows of one [`rope_pass`]: a `[batch, outer, inner, d]` input
+/// written as `[batch, inner, outer, d]`, turned `turn`'s way. The token
+/// of a row is its index along `outer` in the forward pass (queries or keys
+/// in `[batch, seq, heads, d]`) and along `inner` in the backward pass
+/// (their gradients in `[batch, heads, seq, d]`).
+#[derive(Clone, Copy)]
+struct RopeRows {
+    d: usize,
+    outer: usize,
+    inner: usize,
+    turn: RotateHalf,
+}
+
+impl RopeRows {
+    /// The input row and the table row of output row `row`.
+    #[inline(always)]
+    fn source(self, row: usize) -> (usize, usize) {
+        let (o, i) = (row % self.outer, row / self.outer % self.inner);
+        let batch = row / (self.outer * self.inner);
+        let token = if self.turn == RotateHalf::Inverse {
+            batch * self.inner + i
+        } else {
+            batch * self.outer + o
+        };
+        ((batch * self.outer + o) * self.inner + i, token)
+    }
 }
 
 /// Which way [`rotate_rows`] turns the halves of a row.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum RotateHalf {
     /// `[-x₂, x₁]`: RoPE's forward pass.
     Forward,
@@ -586,7 +619,9 @@ enum RotateHalf {
 }
 
 widened! {
-    /// RoPE over rows of `d` elements, as burn's operations in
+    /// RoPE over the output rows `first..` of a [`rope_pass`] (as many as
+    /// `out` holds), each read from the input and table rows
+    /// [`RopeRows::source`] names, as burn's operations in
     /// `ModelBackend::rope`'s default compute it, rounding for rounding: the
     /// forward pass `(x * cos + rotate_half(x) * sin) * scale`, the backward
     /// pass `g * cos + rotate_half⁻¹(g * sin)` with `g = grad * scale`. The
@@ -598,10 +633,11 @@ widened! {
         cos: &[f32],
         sin: &[f32],
         scale: f32,
-        d: usize,
+        rows: RopeRows,
+        first: usize,
         out: &'a mut [MaybeUninit<f32>],
-        turn: RotateHalf,
     ) -> &'a mut [f32] {
+        let (d, turn) = (rows.d, rows.turn);
         let half = d / 2;
         // The scaled gradient, which only the backward pass with a scale needs.
         let mut scaled = if turn == RotateHalf::Inverse && scale != 1.0 {
@@ -611,8 +647,8 @@ widened! {
         };
         let mut turned = vec![0.0f32; d];
         write_rows(out, d, |row, out| {
-            let at = row * d..row * d + out.len();
-            let (y, cos, sin) = (&y[at.clone()], &cos[at.clone()], &sin[at]);
+            let (source, token) = rows.source(first + row);
+            let (y, cos, sin) = (&y[source * d..][..d], &cos[token * d..][..d], &sin[token * d..][..d]);
             match turn {
                 RotateHalf::Forward => {
                     let (y1, y2) = y.split_at(half);

@@ -163,55 +163,62 @@ pub trait ModelBackend: Backend {
         (primitive(d_gate), primitive(d_up))
     }
 
-    /// Rotary position embedding in HF's "rotate half" form, then a scale:
-    /// `(x * cos + rotate_half(x) * sin) * scale`, where `rotate_half(x)`
-    /// is `[-x₂, x₁]` for the halves `[x₁, x₂]` of the last dimension. A
-    /// scale of 1 is no operation. `cos` and `sin` are constants (no
-    /// gradient flows to them). The default is burn's operations, with
-    /// `rotate_half` as a product with a signed permutation matrix; the CPU
-    /// backend does it in one pass with the same bits.
+    /// Rotary position embedding in HF's "rotate half" form, then a scale,
+    /// with the heads brought before the tokens: `x` is `[batch, seq,
+    /// heads, d]` (projected queries or keys, token-major) and the result
+    /// `(x * cos + rotate_half(x) * sin) * scale` is `[batch, heads, seq,
+    /// d]`, where `rotate_half(x)` is `[-x₂, x₁]` for the halves `[x₁, x₂]`
+    /// of the last dimension and a token's row of `cos` and `sin` (`[batch *
+    /// seq, d]`) serves all its heads. A scale of 1 is no operation. `cos`
+    /// and `sin` are constants (no gradient flows to them). The default is
+    /// burn's operations, with `rotate_half` as a product with a signed
+    /// permutation matrix, then [`permute_contiguous`](ModelBackend::permute_contiguous);
+    /// the CPU backend does it in one pass with the same bits.
     fn rope(
         x: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let (x, shape) = rows::<Self>(x);
-        let (cos, _) = rows::<Self>(cos);
-        let (sin, _) = rows::<Self>(sin);
+        let [b, s, h, d] = burn::tensor::TensorMetadata::shape(&x).dims::<4>();
+        let x = float::<Self, 4>(x).reshape([b * s, h, d]);
         let rotated = float::<Self, 2>(Self::matmul(
-            primitive(x.clone()),
-            primitive(rotate_half_matrix::<Self>(x.dims()[1], &x.device())),
+            primitive(x.clone().reshape([b * s * h, d])),
+            primitive(rotate_half_matrix::<Self>(d, &x.device())),
         ));
-        let mut y = x * cos + rotated * sin;
+        let per_token = |table| float::<Self, 2>(table).reshape([b * s, 1, d]);
+        let mut y = x * per_token(cos) + rotated.reshape([b * s, h, d]) * per_token(sin);
         if scale != 1.0 {
             y = y * scale;
         }
-        Self::float_reshape(primitive(y), shape)
+        Self::permute_contiguous(primitive(y.reshape([b, s, h, d])), &[0, 2, 1, 3])
     }
 
-    /// The gradient of [`rope`](ModelBackend::rope) with respect to `x`,
-    /// given the output's gradient `grad`: what burn's autodiff derives from
-    /// the default's operations, `g * cos + rotate_half⁻¹(g * sin)` with
-    /// `g = grad * scale`.
+    /// The gradient of [`rope`](ModelBackend::rope) with respect to `x`
+    /// (`[batch, seq, heads, d]`), given the output's gradient `grad`
+    /// (`[batch, heads, seq, d]`): what burn's autodiff derives from the
+    /// default's operations, `g * cos + rotate_half⁻¹(g * sin)` with `g =
+    /// grad * scale` brought back to token-major order.
     fn rope_backward(
         grad: FloatTensor<Self>,
         cos: FloatTensor<Self>,
         sin: FloatTensor<Self>,
         scale: f64,
     ) -> FloatTensor<Self> {
-        let (mut grad, shape) = rows::<Self>(grad);
-        let (cos, _) = rows::<Self>(cos);
-        let (sin, _) = rows::<Self>(sin);
+        let [b, h, s, d] = burn::tensor::TensorMetadata::shape(&grad).dims::<4>();
+        let grad = Self::permute_contiguous(grad, &[0, 2, 1, 3]);
+        let mut grad = float::<Self, 4>(grad).reshape([b * s, h, d]);
         if scale != 1.0 {
             grad = grad * scale;
         }
-        let rotate = rotate_half_matrix::<Self>(grad.dims()[1], &grad.device());
+        let per_token = |table| float::<Self, 2>(table).reshape([b * s, 1, d]);
+        let rotate = rotate_half_matrix::<Self>(d, &grad.device());
         let back = float::<Self, 2>(Self::matmul(
-            primitive(grad.clone() * sin),
+            primitive((grad.clone() * per_token(sin)).reshape([b * s * h, d])),
             primitive(rotate.transpose()),
         ));
-        Self::float_reshape(primitive(grad * cos + back), shape)
+        let dx = grad * per_token(cos) + back.reshape([b * s, h, d]);
+        primitive(dx.reshape([b, s, h, d]))
     }
 
     /// Softmax over the last dimension.
@@ -641,25 +648,28 @@ pub fn swiglu<B: ModelBackend, const D: usize>(
     float(B::swiglu(primitive(gate), primitive(up)))
 }
 
-/// Rotary position embedding ("rotate half"), then a scale:
-/// `(x * cos + rotate_half(x) * sin) * scale` (see [`ModelBackend::rope`]).
+/// Rotary position embedding ("rotate half"), then a scale, with the heads
+/// brought before the tokens: `(x * cos + rotate_half(x) * sin) * scale`
+/// (see [`ModelBackend::rope`]).
 ///
 /// # Shapes
-/// - `x`, `cos`, `sin`: `[rows, head_dim]` (one row per token and head),
-///   `head_dim` even; returns the shape of `x`.
+/// - `x`: `[batch, seq, heads, head_dim]` (token-major), `head_dim` even
+/// - `cos`, `sin`: `[batch * seq, head_dim]` (one row per token)
+/// - returns `[batch, heads, seq, head_dim]`
 pub fn rope<B: ModelBackend>(
-    x: Tensor<B, 2>,
+    x: Tensor<B, 4>,
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
     scale: f64,
-) -> Tensor<B, 2> {
-    let [rows, d] = x.dims();
+) -> Tensor<B, 4> {
+    let [b, s, _, d] = x.dims();
     assert!(
-        d % 2 == 0 && cos.dims() == [rows, d] && sin.dims() == [rows, d],
-        "rope: x {:?}, cos {:?} and sin {:?} must have one shape with an even last dimension",
+        d % 2 == 0 && cos.dims() == [b * s, d] && sin.dims() == [b * s, d],
+        "rope: x {:?} needs an even last dimension and cos {:?} and sin {:?} one row per token ({} x {d})",
         x.dims(),
         cos.dims(),
-        sin.dims()
+        sin.dims(),
+        b * s
     );
     float(B::rope(primitive(x), primitive(cos), primitive(sin), scale))
 }

@@ -17,13 +17,12 @@ pub struct Rope {
     inv_freq: Vec<f32>,
 }
 
-/// Cosines and sines laid out to match a `[tokens * heads, head_dim]` view of
-/// projected queries or keys (rows ordered token-major, then head), so that
-/// rotation ([`kernels::rope`]: one pass on the CPU backend) needs no
-/// broadcasting, slicing or concatenation (all slow on CPU backends).
+/// Cosines and sines of the tokens of one forward call, one row per token
+/// (batch-major), which serves all the token's query and key heads: rotation
+/// ([`kernels::rope`]: one pass on the CPU backend) reads them as they are.
 ///
 /// # Shapes
-/// - `cos`, `sin`: `[tokens * heads, head_dim]`
+/// - `cos`, `sin`: `[tokens, head_dim]`
 #[derive(Debug, Clone)]
 pub struct RopeTables<B: Backend> {
     cos: Tensor<B, 2>,
@@ -54,21 +53,15 @@ impl Rope {
     }
 
     /// Tables for tokens at `positions` (one per token, in batch-major
-    /// order), each token's row repeated for `heads` heads.
-    pub fn tables<B: Backend>(
-        &self,
-        positions: &[usize],
-        heads: usize,
-        device: &B::Device,
-    ) -> RopeTables<B> {
+    /// order).
+    pub fn tables<B: Backend>(&self, positions: &[usize], device: &B::Device) -> RopeTables<B> {
         let half = self.inv_freq.len();
         let dim = 2 * half;
-        let rows = positions.len() * heads;
-        let mut cos = Vec::with_capacity(rows * dim);
-        let mut sin = Vec::with_capacity(rows * dim);
-        let mut cos_row = vec![0.0f32; dim];
-        let mut sin_row = vec![0.0f32; dim];
-        for &p in positions {
+        let rows = positions.len();
+        let mut cos = vec![0.0f32; rows * dim];
+        let mut sin = vec![0.0f32; rows * dim];
+        let rows = cos.chunks_mut(dim).zip(sin.chunks_mut(dim));
+        for ((cos_row, sin_row), &p) in rows.zip(positions) {
             for (i, &f) in self.inv_freq.iter().enumerate() {
                 // As HF: the angle is computed in f32, then duplicated for both halves.
                 let angle = p as f32 * f;
@@ -78,11 +71,8 @@ impl Rope {
                 sin_row[i] = s;
                 sin_row[i + half] = s;
             }
-            for _ in 0..heads {
-                cos.extend_from_slice(&cos_row);
-                sin.extend_from_slice(&sin_row);
-            }
         }
+        let rows = positions.len();
         RopeTables {
             cos: Tensor::from_data(TensorData::new(cos, [rows, dim]), device),
             sin: Tensor::from_data(TensorData::new(sin, [rows, dim]), device),
@@ -91,20 +81,22 @@ impl Rope {
 }
 
 impl<B: ModelBackend> RopeTables<B> {
-    /// Rotates `x`: `x * cos + rotate_half(x) * sin`.
+    /// Rotates `x` (`x * cos + rotate_half(x) * sin`) and brings its heads
+    /// before its tokens, as attention reads them.
     ///
     /// # Shapes
-    /// - `x`: `[tokens * heads, head_dim]`; returns the same shape.
-    pub fn apply(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    /// - `x`: `[batch, seq, heads, head_dim]`, `batch * seq` the tables' tokens
+    /// - returns `[batch, heads, seq, head_dim]`
+    pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         self.apply_scaled(x, 1.0)
     }
 
-    /// Rotates `x`, then multiplies by `scale` (the attention's
-    /// `1/sqrt(head_dim)` on the queries), in one operation.
+    /// [`apply`](Self::apply), then a multiplication by `scale` (the
+    /// attention's `1/sqrt(head_dim)` on the queries), in one operation.
     ///
     /// # Shapes
-    /// - `x`: `[tokens * heads, head_dim]`; returns the same shape.
-    pub fn apply_scaled(&self, x: Tensor<B, 2>, scale: f64) -> Tensor<B, 2> {
+    /// As [`apply`](Self::apply).
+    pub fn apply_scaled(&self, x: Tensor<B, 4>, scale: f64) -> Tensor<B, 4> {
         kernels::rope(x, self.cos.clone(), self.sin.clone(), scale)
     }
 }
@@ -161,15 +153,19 @@ mod tests {
             },
             8,
         );
-        // Three tokens at positions 0, 5, 9; two heads each.
-        let x = Tensor::<TestBackend, 2>::random(
-            [6, 8],
+        // Three tokens at positions 0, 5, 9 (batch 1); two heads each.
+        let x = Tensor::<TestBackend, 4>::random(
+            [1, 3, 2, 8],
             burn::tensor::Distribution::Normal(0.0, 1.0),
             &device,
         );
         let y = rope
-            .tables::<TestBackend>(&[0, 5, 9], 2, &device)
+            .tables::<TestBackend>(&[0, 5, 9], &device)
             .apply(x.clone());
+        // Heads come first in the result; back to one row per token and head.
+        assert_eq!(y.dims(), [1, 2, 3, 8]);
+        let y = y.swap_dims(1, 2).reshape([6, 8]);
+        let x = x.reshape([6, 8]);
         let norm =
             |t: Tensor<TestBackend, 2>| t.square().sum_dim(1).into_data().to_vec::<f32>().unwrap();
         for (a, b) in norm(x.clone()).iter().zip(norm(y.clone())) {

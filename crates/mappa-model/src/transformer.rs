@@ -122,10 +122,8 @@ pub enum AttentionMask<B: Backend> {
 /// Per-forward inputs shared by every layer: rotary tables and the attention bias.
 #[derive(Debug, Clone)]
 pub struct LayerInputs<B: Backend> {
-    /// Rotary tables for the query heads.
-    pub rope_q: RopeTables<B>,
-    /// Rotary tables for the key heads.
-    pub rope_k: RopeTables<B>,
+    /// Rotary tables, one row per token for its query and key heads.
+    pub rope: RopeTables<B>,
     /// Which keys each query sees.
     pub mask: AttentionMask<B>,
     /// Rows of the batch.
@@ -211,11 +209,12 @@ impl<B: ModelBackend> Attention<B> {
             q = qn.forward(q);
             k = kn.forward(k);
         }
-        let q = inputs.rope_q.apply_scaled(q, (hd as f64).powf(-0.5));
-        let k = inputs.rope_k.apply(k);
-        // Queries [b, kvh, rep, s, hd]; keys and values [b, kvh, s, hd].
-        let q = kernels::permute_contiguous(q.reshape([b, s, kvh, rep, hd]), [0, 2, 3, 1, 4]);
-        let k = kernels::permute_contiguous(k.reshape([b, s, kvh, hd]), [0, 2, 1, 3]);
+        // Queries [b, h, s, hd] (heads grouped by their key/value head:
+        // [b, kvh, rep, s, hd]); keys and values [b, kvh, s, hd].
+        let q = inputs
+            .rope
+            .apply_scaled(q.reshape([b, s, h, hd]), (hd as f64).powf(-0.5));
+        let k = inputs.rope.apply(k.reshape([b, s, kvh, hd]));
         let v = kernels::permute_contiguous(v.reshape([b, s, kvh, hd]), [0, 2, 1, 3]);
         let (k, v) = match cache {
             Some(cache) => cache.append(k, v),
@@ -443,8 +442,7 @@ impl<B: ModelBackend> Transformer<B> {
         let c = &self.config;
         let positions = window.positions();
         LayerInputs {
-            rope_q: self.rope.tables::<B>(&positions, c.num_heads, device),
-            rope_k: self.rope.tables::<B>(&positions, c.num_kv_heads, device),
+            rope: self.rope.tables::<B>(&positions, device),
             mask: match self.attention {
                 AttentionKind::Dense if B::MASKS_IN_SOFTMAX => {
                     AttentionMask::InSoftmax(window.causal_mask())
