@@ -407,6 +407,29 @@ impl<B: ModelBackend, C: CheckpointStrategy> ModelBackend for Autodiff<B, C> {
         }
     }
 
+    fn add(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct Add;
+
+        impl<B: ModelBackend> Backward<B, 2> for Add {
+            type State = ();
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                _: &mut Checkpointer,
+            ) {
+                // The output's gradient reaches both operands unchanged.
+                to_parents::<B, _, 2>(ops, grads, |(), grad| [grad.clone(), grad]);
+            }
+        }
+
+        Add.prepare::<C>([a.node.clone(), b.node.clone()])
+            .compute_bound()
+            .stateless(B::add(a.primitive, b.primitive))
+    }
+
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         #[derive(Debug)]
         struct Sum;
@@ -659,6 +682,54 @@ mod tests {
                 "scale {scale}"
             );
         }
+    }
+
+    /// The residual stream's addition gives the bits of burn's `a + b`,
+    /// signed zeros included, and sends the output's gradient to both
+    /// operands as burn's does, also to an operand used twice.
+    #[test]
+    fn add_is_burns_addition_bit_for_bit() {
+        // Three tasks' chunks, so that the kernel runs on both threads.
+        let shape = [300, 130];
+        let n = shape[0] * shape[1];
+        let operand = |seed, zeros: [f32; 4]| {
+            let mut v = values(n, seed);
+            v[..4].copy_from_slice(&zeros);
+            move || {
+                Tensor::<CpuAutodiff, 2>::from_data(
+                    TensorData::new(v.clone(), shape),
+                    &Default::default(),
+                )
+                .require_grad()
+            }
+        };
+        let a = operand(21, [0.0, -0.0, 0.0, -0.0]);
+        let b = operand(22, [0.0, 0.0, -0.0, -0.0]);
+        let (w1, w2) = (param(shape, 23), param(shape, 24));
+        let bits = |t: Tensor<Cpu, 2>| {
+            t.into_data()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        let (a1, b1, a2, b2) = (a(), b(), a(), b());
+        let mine = crate::add(a1.clone(), b1.clone());
+        let theirs = a2.clone() + b2.clone();
+        assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
+        let loss = |sum: Tensor<CpuAutodiff, 2>, a: &Tensor<CpuAutodiff, 2>| {
+            ((sum * w1.clone()).sum() + (a.clone() * w2.clone()).sum()).backward()
+        };
+        let (mine, theirs) = (loss(mine, &a1), loss(theirs, &a2));
+        assert_eq!(
+            bits(a1.grad(&mine).unwrap()),
+            bits(a2.grad(&theirs).unwrap())
+        );
+        assert_eq!(
+            bits(b1.grad(&mine).unwrap()),
+            bits(b2.grad(&theirs).unwrap())
+        );
     }
 
     /// SwiGLU's kernel gives the bits of burn's `silu(gate) * up`, forward

@@ -346,6 +346,18 @@ impl ModelBackend for Flex {
         token::backward(logits, targets, lse, grad)
     }
 
+    fn add(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (a, shape) = contiguous(a);
+        let (b, _) = contiguous(b);
+        assert_eq!(a.len(), b.len(), "add: operands of different sizes");
+        let out = fresh::in_chunks(a.len(), ELEMENTS_PER_TASK, |start, out| {
+            let end = start + out.len();
+            let sums = a[start..end].iter().zip(&b[start..end]).map(|(x, y)| x + y);
+            write_all(out, sums)
+        });
+        tensor(out, shape)
+    }
+
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let (x, _) = contiguous(x);
         tensor(vec![long_sum(&x)], Shape::from(vec![1]))

@@ -427,6 +427,14 @@ pub trait ModelBackend: Backend {
         }
     }
 
+    /// `a + b`, element by element, for two tensors of one shape: the
+    /// residual stream's additions. The CPU backend spreads them over its
+    /// threads (burn-flex's own addition runs on one thread below 4M
+    /// elements); each element is the same single rounding either way.
+    fn add(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+        Self::float_add(a, b)
+    }
+
     /// The sum of all elements, as a tensor of shape `[1]`.
     fn sum(x: FloatTensor<Self>) -> FloatTensor<Self> {
         Self::float_sum(x)
@@ -773,6 +781,19 @@ pub fn permute_contiguous<B: ModelBackend, const D: usize>(
 /// for f32 tensors).
 pub fn to_f32<B: ModelBackend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     float(B::to_f32(primitive(x)))
+}
+
+/// `a + b`, element by element (see [`ModelBackend::add`]).
+///
+/// # Shapes
+/// - `a`, `b`: one shape (no broadcasting); returns it.
+pub fn add<B: ModelBackend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
+    assert_eq!(
+        a.dims(),
+        b.dims(),
+        "add: the operands' shapes differ (no broadcasting here)"
+    );
+    float(B::add(primitive(a), primitive(b)))
 }
 
 /// The sum of all elements.

@@ -179,7 +179,7 @@ impl<B: ModelBackend> Dense<B> {
             None => dense_forward(weight, self.bias.as_ref().map(Param::val), x),
             Some(lora) => {
                 let base = dense_forward(weight, self.bias.as_ref().map(Param::val), x.clone());
-                base + lora.forward(x)
+                kernels::add(base, lora.forward(x))
             }
         }
     }
@@ -265,11 +265,11 @@ impl<B: ModelBackend> DecoderLayer<B> {
         let attn = self
             .self_attn
             .forward(self.input_layernorm.forward(x.clone()), inputs, cache);
-        let x = x + attn;
+        let x = kernels::add(x, attn);
         let mlp = self
             .mlp
             .forward(self.post_attention_layernorm.forward(x.clone()));
-        x + mlp
+        kernels::add(x, mlp)
     }
 }
 
