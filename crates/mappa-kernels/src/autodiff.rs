@@ -582,6 +582,16 @@ mod tests {
             .collect()
     }
 
+    /// Each value's bits, in row-major order.
+    fn bits<const D: usize>(t: Tensor<Cpu, D>) -> Vec<u32> {
+        t.into_data()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
     fn param<const D: usize>(shape: [usize; D], seed: u32) -> Tensor<CpuAutodiff, D> {
         let n = shape.iter().product();
         Tensor::from_data(TensorData::new(values(n, seed), shape), &Default::default())
@@ -653,14 +663,6 @@ mod tests {
         };
         let (cos, sin) = (table(13), table(14));
         let per_token = |t: &Tensor<CpuAutodiff, 2>| t.clone().reshape([tokens, 1, d]);
-        let bits = |t: Tensor<Cpu, 4>| {
-            t.into_data()
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
         for scale in [1.0, 1.0 / 48f64.sqrt()] {
             let (x1, x2) = (input(), input());
             let mine = crate::rope(x1.clone(), cos.clone(), sin.clone(), scale);
@@ -706,14 +708,6 @@ mod tests {
         let a = operand(21, [0.0, -0.0, 0.0, -0.0]);
         let b = operand(22, [0.0, 0.0, -0.0, -0.0]);
         let (w1, w2) = (param(shape, 23), param(shape, 24));
-        let bits = |t: Tensor<Cpu, 2>| {
-            t.into_data()
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
         let (a1, b1, a2, b2) = (a(), b(), a(), b());
         let mine = crate::add(a1.clone(), b1.clone());
         let theirs = a2.clone() + b2.clone();
@@ -752,14 +746,6 @@ mod tests {
         let weights = param([4, 300], 9).detach();
         let mine = crate::swiglu(g1.clone(), u1.clone());
         let theirs = burn::tensor::activation::silu(g2.clone()) * u2.clone();
-        let bits = |t: Tensor<Cpu, 2>| {
-            t.into_data()
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
         assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
         let mine = (mine * weights.clone()).sum().backward();
         let theirs = (theirs * weights).sum().backward();
@@ -864,10 +850,6 @@ mod tests {
         let one = crate::dense_attention(q1, k1, v1, &case.mask);
         let scores = crate::matmul(q2, k2.swap_dims(2, 3));
         let three = crate::matmul(crate::causal_softmax(scores, &case.mask), v2);
-        let bits = |t: Tensor<Cpu, 4>| -> Vec<u32> {
-            let values = t.into_data().to_vec::<f32>().unwrap();
-            values.iter().map(|v| v.to_bits()).collect()
-        };
         assert_eq!(bits(one.clone().inner()), bits(three.clone().inner()));
         let one = (one * case.weights.clone()).sum().backward();
         let three = (three * case.weights).sum().backward();
@@ -979,14 +961,6 @@ mod tests {
         let mine = crate::causal_softmax(mine_in.clone(), &mask);
         let bias = mask.bias::<CpuAutodiff>(h, 0..rows, &Default::default());
         let theirs = crate::softmax(theirs_in.clone() + bias);
-        let bits = |t: Tensor<Cpu, 4>| -> Vec<u32> {
-            let data = t.into_data();
-            data.as_slice::<f32>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
         let nan_row =
             &mine.clone().inner().into_data().to_vec::<f32>().unwrap()[(h * rows) * keys..][..keys];
         assert!(nan_row.iter().all(|v| v.is_nan()), "{nan_row:?}");
