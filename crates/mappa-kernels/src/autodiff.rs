@@ -570,6 +570,7 @@ fn from_output<B: ModelBackend, C: CheckpointStrategy>(
 
 #[cfg(test)]
 mod tests {
+    use crate::flex::tests::bits;
     use burn::backend::{Autodiff, Flex as Cpu};
     use burn::prelude::*;
     use burn::tensor::Tolerance;
@@ -579,16 +580,6 @@ mod tests {
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
             .map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
-            .collect()
-    }
-
-    /// Each value's bits, in row-major order.
-    fn bits<const D: usize>(t: Tensor<Cpu, D>) -> Vec<u32> {
-        t.into_data()
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
             .collect()
     }
 

@@ -1223,7 +1223,7 @@ pub(super) mod tests {
         Tensor::from_data(TensorData::new(values, shape), &Default::default())
     }
 
-    pub(super) fn bits<const D: usize>(x: Tensor<B, D>) -> Vec<u32> {
+    pub(crate) fn bits<const D: usize>(x: Tensor<B, D>) -> Vec<u32> {
         x.into_data()
             .to_vec::<f32>()
             .unwrap()

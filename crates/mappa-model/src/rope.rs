@@ -60,8 +60,8 @@ impl Rope {
         let rows = positions.len();
         let mut cos = vec![0.0f32; rows * dim];
         let mut sin = vec![0.0f32; rows * dim];
-        let rows = cos.chunks_mut(dim).zip(sin.chunks_mut(dim));
-        for ((cos_row, sin_row), &p) in rows.zip(positions) {
+        let table_rows = cos.chunks_mut(dim).zip(sin.chunks_mut(dim));
+        for ((cos_row, sin_row), &p) in table_rows.zip(positions) {
             for (i, &f) in self.inv_freq.iter().enumerate() {
                 // As HF: the angle is computed in f32, then duplicated for both halves.
                 let angle = p as f32 * f;
@@ -72,7 +72,6 @@ impl Rope {
                 sin_row[i + half] = s;
             }
         }
-        let rows = positions.len();
         RopeTables {
             cos: Tensor::from_data(TensorData::new(cos, [rows, dim]), device),
             sin: Tensor::from_data(TensorData::new(sin, [rows, dim]), device),
