@@ -130,10 +130,16 @@ impl ModelBackend for Flex {
         let scalars = AdamWScalars::of(step);
         param
             .storage_mut::<f32>()
-            .par_chunks_mut(ELEMENTS_PER_TASK)
-            .zip(m.storage_mut::<f32>().par_chunks_mut(ELEMENTS_PER_TASK))
-            .zip(v.storage_mut::<f32>().par_chunks_mut(ELEMENTS_PER_TASK))
-            .zip(grad.par_chunks(ELEMENTS_PER_TASK))
+            .par_chunks_mut(ADAMW_ELEMENTS_PER_TASK)
+            .zip(
+                m.storage_mut::<f32>()
+                    .par_chunks_mut(ADAMW_ELEMENTS_PER_TASK),
+            )
+            .zip(
+                v.storage_mut::<f32>()
+                    .par_chunks_mut(ADAMW_ELEMENTS_PER_TASK),
+            )
+            .zip(grad.par_chunks(ADAMW_ELEMENTS_PER_TASK))
             .for_each(|(((w, m), v), g)| scalars.update((w, m, v), g, first));
         [param, m, v]
     }
@@ -564,6 +570,15 @@ fn fold_lanes(mut acc: [f32; LANES]) -> f32 {
 
 /// Elements handled by one rayon task in the element-wise kernels.
 const ELEMENTS_PER_TASK: usize = 1 << 14;
+
+/// Elements of a parameter handled by one rayon task in AdamW's update.
+/// The optimiser updates one parameter at a time, and most of a small
+/// model's are a few [`ELEMENTS_PER_TASK`] or less (the 1m benchmark's
+/// attention weights are 8-16K values): in tasks that size, one thread
+/// updated each of them while the others waited. In tasks of 4K values the
+/// 1m training step ran about 2% faster (`docs/experiments/speed.md`).
+/// The update is element by element, so the split changes no bit.
+const ADAMW_ELEMENTS_PER_TASK: usize = 1 << 12;
 
 /// RoPE's forward (`turn` = [`RotateHalf::Forward`]) or backward pass over
 /// `y` (the input `[batch, seq, heads, d]` or the output's gradient
@@ -1388,7 +1403,7 @@ pub(super) mod tests {
     /// they were), and gives the same bits either way.
     #[test]
     fn adamw_step_writes_unshared_tensors_in_place_and_copies_shared_ones() {
-        let n = 3 * ELEMENTS_PER_TASK + 5;
+        let n = 3 * ADAMW_ELEMENTS_PER_TASK + 5;
         let shape = Shape::from(vec![n]);
         let values = |seed: u64, scale: f32| -> Vec<f32> {
             seeded(&[n], seed).iter().map(|v| v * scale).collect()
