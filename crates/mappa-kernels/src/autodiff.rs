@@ -594,6 +594,11 @@ mod tests {
             .assert_approx_eq::<f32>(&b.into_data(), Tolerance::absolute(2e-5));
     }
 
+    /// Fails, naming `what`, unless `a` and `b` hold the same bits.
+    fn same<const D: usize>(what: &str, a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) {
+        assert_eq!(bits(a), bits(b), "{what}");
+    }
+
     /// A contiguous permutation is burn's `permute`, forward and backward,
     /// and the merged-heads reshape after it gives the same values.
     #[test]
@@ -669,10 +674,10 @@ mod tests {
             assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
             let mine = (mine * weights.clone()).sum().backward();
             let theirs = (theirs * weights.clone()).sum().backward();
-            assert_eq!(
-                bits(x1.grad(&mine).unwrap()),
-                bits(x2.grad(&theirs).unwrap()),
-                "scale {scale}"
+            same(
+                &format!("x's gradient, scale {scale}"),
+                x1.grad(&mine).unwrap(),
+                x2.grad(&theirs).unwrap(),
             );
         }
     }
@@ -707,13 +712,15 @@ mod tests {
             ((sum * w1.clone()).sum() + (a.clone() * w2.clone()).sum()).backward()
         };
         let (mine, theirs) = (loss(mine, &a1), loss(theirs, &a2));
-        assert_eq!(
-            bits(a1.grad(&mine).unwrap()),
-            bits(a2.grad(&theirs).unwrap())
+        same(
+            "a's gradient",
+            a1.grad(&mine).unwrap(),
+            a2.grad(&theirs).unwrap(),
         );
-        assert_eq!(
-            bits(b1.grad(&mine).unwrap()),
-            bits(b2.grad(&theirs).unwrap())
+        same(
+            "b's gradient",
+            b1.grad(&mine).unwrap(),
+            b2.grad(&theirs).unwrap(),
         );
     }
 
@@ -740,13 +747,15 @@ mod tests {
         assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
         let mine = (mine * weights.clone()).sum().backward();
         let theirs = (theirs * weights).sum().backward();
-        assert_eq!(
-            bits(g1.grad(&mine).unwrap()),
-            bits(g2.grad(&theirs).unwrap())
+        same(
+            "gate's gradient",
+            g1.grad(&mine).unwrap(),
+            g2.grad(&theirs).unwrap(),
         );
-        assert_eq!(
-            bits(u1.grad(&mine).unwrap()),
-            bits(u2.grad(&theirs).unwrap())
+        same(
+            "up's gradient",
+            u1.grad(&mine).unwrap(),
+            u2.grad(&theirs).unwrap(),
         );
     }
 
@@ -958,9 +967,10 @@ mod tests {
         assert_eq!(bits(mine.clone().inner()), bits(theirs.clone().inner()));
         let mine = (mine * weights.clone()).sum().backward();
         let theirs = (theirs * weights).sum().backward();
-        assert_eq!(
-            bits(mine_in.grad(&mine).unwrap()),
-            bits(theirs_in.grad(&theirs).unwrap())
+        same(
+            "the input's gradient",
+            mine_in.grad(&mine).unwrap(),
+            theirs_in.grad(&theirs).unwrap(),
         );
     }
 }
