@@ -149,8 +149,11 @@ fn run<B: AutodiffModelBackend>(
     rows
 }
 
+// As the `mappa` binary allocates.
+#[global_allocator]
+static ALLOCATOR: mappa_model::kernels::alloc::Allocator = mappa_model::kernels::alloc::Allocator;
+
 fn main() {
-    // As the `mappa` binary does (the CPU backend's allocation pattern).
     mappa_model::kernels::alloc::keep_freed_memory();
     let args = Args::parse();
     let rows = match args.backend.as_str() {

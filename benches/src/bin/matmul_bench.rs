@@ -79,8 +79,11 @@ fn timed(quick: bool, mut f: impl FnMut()) -> (f64, usize) {
     (median_seconds(1, iters, f), iters)
 }
 
+// As the `mappa` binary allocates.
+#[global_allocator]
+static ALLOCATOR: kernels::alloc::Allocator = kernels::alloc::Allocator;
+
 fn main() {
-    // As the `mappa` binary does (the CPU backend's allocation pattern).
     kernels::alloc::keep_freed_memory();
     let args = Args::parse();
     let threads = rayon::current_num_threads();

@@ -440,7 +440,12 @@ fn measure<B: AutodiffModelBackend>(
     }
 }
 
+// As the `mappa` binary allocates.
+#[global_allocator]
+static ALLOCATOR: mappa_model::kernels::alloc::Allocator = mappa_model::kernels::alloc::Allocator;
+
 fn main() {
+    mappa_model::kernels::alloc::keep_freed_memory();
     let args = Args::parse();
     if let Some(config) = &args.child {
         println!(

@@ -3,6 +3,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use mappa_model::kernels::alloc::Allocator;
+
+#[global_allocator]
+static ALLOCATOR: Allocator = Allocator;
 
 fn main() -> ExitCode {
     mappa_model::kernels::alloc::keep_freed_memory();

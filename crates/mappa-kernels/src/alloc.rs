@@ -1,40 +1,62 @@
-//! The C allocator's settings for the CPU backend's way of allocating.
+//! The memory allocator of mappa's binaries, chosen for the CPU backend's
+//! way of allocating.
 //!
 //! burn-flex allocates a fresh buffer for every operation's output and
-//! frees it soon after. By default glibc's `malloc` hands the free top of
-//! its heaps back to the kernel once 128 KiB have gathered there, so the
-//! next step faults the same pages in again, zeroed: on the arith warm
-//! start (three small models fine-tuned on 2 cores) that was 18 s of
-//! system time in a 106 s run. [`keep_freed_memory`] keeps freed memory for
-//! reuse instead. Allocation does not touch any value, so results are the
-//! same bits either way.
+//! frees it soon after, and a step's operations run on two or more threads
+//! at once. Under glibc's `malloc` those threads either shared one heap,
+//! one lock for every allocation and free of both (the setting that kept
+//! freed memory: a thread's own glibc heap is unmapped as soon as it is
+//! empty, so a step's buffers were faulted in again every step), or faulted
+//! their memory in again. mimalloc ([`Allocator`]) gives each thread heaps
+//! of its own that keep their freed memory, with no lock between threads:
+//! the 1m training step ran about 1.1x as fast, the 25m one about 1.06x,
+//! 25m generation 1.24x (`docs/experiments/speed.md`). Allocation does not
+//! touch any value, so results are the same bits either way.
+//!
+//! A binary declares it and calls [`keep_freed_memory`] first thing:
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static ALLOCATOR: mappa_kernels::alloc::Allocator = mappa_kernels::alloc::Allocator;
+//!
+//! fn main() {
+//!     mappa_kernels::alloc::keep_freed_memory();
+//!     // ...
+//! }
+//! ```
 
-/// Tells glibc's `malloc` to keep freed memory in the process (give it back
-/// only when 2 GiB are free at a heap's top), to serve every request from
-/// its heaps, and to serve every thread from its main heap.
-///
-/// By default glibc maps each request above its mmap threshold (at most
-/// 32 MiB) on its own and unmaps it when freed, so such a buffer was
-/// faulted in and zeroed by the kernel on every call: the 25m benchmark's
-/// logits (`[8, 128, 8192]` f32, 32 MiB and a header) and their gradient,
-/// SmolLM2's (200 MiB). Served from the heap, the 25m forward pass ran
-/// 1.05x and its training step 1.07x faster, with `just bench-memory`'s
-/// peaks unchanged (`docs/experiments/speed.md`). The one heap is for the
-/// threads that run whole steps (`flex/steps.rs`): a thread's own arena
-/// is made of mapped heaps of at most 64 MiB, each unmapped as soon as
-/// everything in it is freed, so a step's buffers were faulted in again on
-/// every step (the 1m training step's page faults went from 22k to 40k per
-/// bench run when it moved off the main thread, and back with one heap).
-/// Call it at the start of `main`, before other threads exist; elsewhere
-/// than glibc it does nothing. The process's peak memory is unchanged;
-/// between peaks it no longer shrinks.
+/// The global allocator of mappa's binaries: mimalloc (its 3.x series).
+pub use mimalloc::MiMalloc as Allocator;
+
+/// mimalloc's `mi_option_purge_delay` (its place in `mi_option_t`, which
+/// the Rust bindings do not name): how many milliseconds mimalloc waits
+/// before it hands freed memory back to the kernel (1000 by default); -1
+/// for never.
+const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Tells mimalloc to keep freed memory for reuse rather than hand it back
+/// to the kernel a second after it is freed, for the next step to fault in
+/// again, zeroed.
+/// The process's peak memory is unchanged; between peaks it no longer
+/// shrinks. Call it at the start of `main`, before other threads exist;
+/// it only matters where [`Allocator`] is the global allocator.
 pub fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `mallopt` only changes malloc's parameters; called before
-    // other threads allocate.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-        libc::mallopt(libc::M_MMAP_MAX, 0);
+    // SAFETY: setting an option only changes mimalloc's parameters; called
+    // before other threads allocate.
+    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, -1) };
+}
+
+#[cfg(test)]
+mod tests {
+    /// [`super::PURGE_DELAY`] names the option whose default is 1000 ms,
+    /// between a deprecated one (1) and `use_numa_nodes` (0). Fails if
+    /// `MIMALLOC_PURGE_DELAY` is set in the environment.
+    #[test]
+    fn purge_delay_is_mimallocs_option() {
+        use libmimalloc_sys::mi_option_get;
+        // SAFETY: reading an option has no other effect.
+        let [before, delay, after] =
+            [14, super::PURGE_DELAY, 16].map(|option| unsafe { mi_option_get(option) });
+        assert_eq!([before, delay, after], [1, 1000, 0]);
     }
 }
