@@ -3,15 +3,19 @@
 //!
 //! burn-flex allocates a fresh buffer for every operation's output and
 //! frees it soon after, and a step's operations run on two or more threads
-//! at once. Under glibc's `malloc` those threads either shared one heap,
-//! one lock for every allocation and free of both (the setting that kept
-//! freed memory: a thread's own glibc heap is unmapped as soon as it is
-//! empty, so a step's buffers were faulted in again every step), or faulted
-//! their memory in again. mimalloc ([`Allocator`]) gives each thread heaps
-//! of its own that keep their freed memory, with no lock between threads:
-//! the 1m training step ran about 1.1x as fast, the 25m one about 1.06x,
-//! 25m generation 1.24x (`docs/experiments/speed.md`). Allocation does not
-//! touch any value, so results are the same bits either way.
+//! at once; gemm allocates its packing buffers on every call. Under glibc's
+//! `malloc` those threads either shared one heap, with one lock for every
+//! allocation and free (the setting that kept freed memory: a thread's own
+//! glibc heap is unmapped as soon as it is empty, so a step's buffers were
+//! faulted in again every step), or faulted their memory in again.
+//! mimalloc ([`Allocator`]) gives each thread heaps of its own that keep
+//! their freed memory, with no lock between threads, and backs them with
+//! transparent huge pages where the kernel allows. Against glibc so set,
+//! in alternating pairs on an Intel Xeon: the 1m forward pass 1.11x, its
+//! training step 1.07x, 25m generation 1.10x; SmolLM2's peak memory in
+//! `just bench-memory` about 11-15% higher (`docs/experiments/speed.md`).
+//! Allocation does not touch any value, so results are the same bits
+//! either way.
 //!
 //! A binary declares it and calls [`keep_freed_memory`] first thing:
 //!
