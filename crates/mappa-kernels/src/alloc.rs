@@ -13,7 +13,7 @@
 //! transparent huge pages where the kernel allows. Against glibc so set,
 //! in alternating pairs on an Intel Xeon: the 1m forward pass 1.11x, its
 //! training step 1.07x, 25m generation 1.10x; SmolLM2's peak memory in
-//! `just bench-memory` about 11-15% higher (`docs/experiments/speed.md`).
+//! `just bench-memory` 7-15% higher (`docs/experiments/speed.md`).
 //! Allocation does not touch any value, so results are the same bits
 //! either way.
 //!
