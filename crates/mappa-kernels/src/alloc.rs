@@ -40,10 +40,9 @@ const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// Tells mimalloc to keep freed memory for reuse rather than hand it back
 /// to the kernel a second after it is freed, for the next step to fault in
-/// again, zeroed.
-/// The process's peak memory is unchanged; between peaks it no longer
-/// shrinks. Call it at the start of `main`, before other threads exist;
-/// it only matters where [`Allocator`] is the global allocator.
+/// again, zeroed. The process's peak memory is unchanged; between peaks it
+/// no longer shrinks. Call it at the start of `main`, before other threads
+/// exist; it only matters where [`Allocator`] is the global allocator.
 pub fn keep_freed_memory() {
     // SAFETY: setting an option only changes mimalloc's parameters; called
     // before other threads allocate.
