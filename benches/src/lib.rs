@@ -8,10 +8,13 @@
 //! cross-entropy, backward, Adam), and greedy KV-cache generation. Shapes and
 //! hyper-parameters match `torch_bench.py` exactly. [`products`] lists a
 //! training step's matrix products, which `matmul_bench` and
-//! `torch_matmul.py` time on their own (`just bench-matmul`).
+//! `torch_matmul.py` time on their own (`just bench-matmul`). [`core_distance`]
+//! measures how far apart the machine runs two threads, which `bench_json`
+//! records with each timing.
 
 #![warn(missing_docs)]
 
+pub mod core_distance;
 pub mod products;
 
 use burn::module::AutodiffModule;

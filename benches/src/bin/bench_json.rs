@@ -1,6 +1,8 @@
 //! Times the benchmark workloads and writes JSON rows in the schema of
 //! `torch_bench.py`, for `benches/compare.py` (run by `just bench-vs-torch`)
-//! and for the CPU backend comparison (`just bench-backends`).
+//! and for the CPU backend comparison (`just bench-backends`). Each row also
+//! holds `core_round_trip_ns`, how far apart the host ran two threads just
+//! before it ([`mappa_benches::core_distance`]).
 
 use clap::Parser;
 use mappa_benches::*;
@@ -31,6 +33,10 @@ struct Args {
     #[arg(long)]
     out: Option<std::path::PathBuf>,
 }
+
+/// Cache-line round trips between two threads measured before each workload
+/// (at most 100 ms of them): the `core_round_trip_ns` of its row.
+const ROUND_TRIPS: u32 = 100_000;
 
 /// (warm-up, timed) iterations per configuration and workload, as in torch_bench.py.
 fn iterations(config: BenchConfig, workload: &str, quick: bool) -> (usize, usize) {
@@ -125,6 +131,11 @@ fn run<B: AutodiffModelBackend>(
                 continue;
             }
             let (warmup, iters) = iterations(bench, workload, args.quick);
+            // Where the host runs the two threads right now (it moves them).
+            let round_trip_ns = core_distance::core_round_trip_ns(
+                ROUND_TRIPS,
+                std::time::Duration::from_millis(100),
+            );
             let median = median_seconds(warmup, iters, f);
             let row = json!({
                 "impl": format!("burn-{name}"),
@@ -135,11 +146,12 @@ fn run<B: AutodiffModelBackend>(
                 "median_s": median,
                 "tokens_per_s": tokens_per_iter as f64 / median,
                 "iters": iters,
+                "core_round_trip_ns": round_trip_ns,
                 "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
                 "versions": {"burn": "0.21.0"},
             });
             eprintln!(
-                "{name} {:>7} {workload:<10} {:>10.0} tok/s",
+                "{name} {:>7} {workload:<10} {:>10.0} tok/s  (cores' round trip {round_trip_ns:.0} ns)",
                 bench.name(),
                 tokens_per_iter as f64 / median
             );
