@@ -15,9 +15,10 @@ benches/torch_bench.py), or "gflop_per_s" instead of "tokens_per_s" with
 `--metric gflop_per_s` (matrix products: `just bench-matmul`). Rows are matched on (config, workload) and printed
 to stdout as a markdown table: each side's median throughput over its runs
 with the range (min-max), and the ratio A/B (> 1 means A is faster) as the
-median of the per-run ratios with their range. Where a side's records hold
-"core_round_trip_ns" (bench_json's), its per-run round trips follow the table. The columns are named after
-each file's "impl" field. Rows appear in the order of A's first file.
+median of the per-run ratios with their range. The columns are named after
+each file's "impl" field. Rows appear in the order of A's first file. Where a
+side's records hold "core_round_trip_ns" (bench_json's), its per-run round
+trips follow the table.
 
 Exits with an error (and prints no table) if a (config, workload) pair is
 missing from any file, if the sides have different numbers of runs, or if a
@@ -135,9 +136,10 @@ def main() -> None:
         print(f"| {key[0]} | {key[1]} | {spread(a_tps, fmt_tps)} | "
               f"{spread(b_tps, fmt_tps)} | {ratio} |")
 
-    # How far apart the host ran two threads in each of A's runs (bench_json's
-    # `core_round_trip_ns`, measured before each workload): on 2-vCPU VMs a
-    # far placement slows a two-thread step, so a table is read with it.
+    # How far apart the host ran two threads in each run of a side that records
+    # it (bench_json's `core_round_trip_ns`, measured before each workload): on
+    # 2-vCPU VMs a far placement slows a two-thread step, so a table is read
+    # with it.
     for name, runs_ in ((name_a, a_runs), (name_b, b_runs)):
         trips = [[rows[k].get("core_round_trip_ns") for k in rows] for _, rows in runs_]
         if all(isinstance(t, (int, float)) for run in trips for t in run):

@@ -11,7 +11,6 @@
 //! again").
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Round trips run before the timed ones, so that both threads are running.
@@ -38,17 +37,7 @@ struct Line(AtomicU32);
 /// CPU with other work, a trip waits for time slices, and the result says so
 /// by its size; the budget bounds how long that takes.
 pub fn core_round_trip_ns(round_trips: u32, budget: Duration) -> f64 {
-    let line = Arc::new(Line(AtomicU32::new(PONG)));
-    let other = {
-        let line = Arc::clone(&line);
-        std::thread::spawn(move || loop {
-            match line.0.load(Ordering::Acquire) {
-                PING => line.0.store(PONG, Ordering::Release),
-                STOP => break,
-                _ => {}
-            }
-        })
-    };
+    let line = Line(AtomicU32::new(PONG));
     let bounce = || {
         line.0.store(PING, Ordering::Release);
         while line.0.load(Ordering::Acquire) != PONG {}
@@ -66,13 +55,21 @@ pub fn core_round_trip_ns(round_trips: u32, budget: Duration) -> f64 {
         }
         done
     };
-    bounce_for(WARM_UP, budget);
-    let start = Instant::now();
-    let done = bounce_for(round_trips, budget);
-    let elapsed = start.elapsed();
-    line.0.store(STOP, Ordering::Release);
-    other.join().expect("the round-trip thread panicked");
-    elapsed.as_nanos() as f64 / f64::from(done.max(1))
+    std::thread::scope(|scope| {
+        scope.spawn(|| loop {
+            match line.0.load(Ordering::Acquire) {
+                PING => line.0.store(PONG, Ordering::Release),
+                STOP => break,
+                _ => {}
+            }
+        });
+        bounce_for(WARM_UP, budget);
+        let start = Instant::now();
+        let done = bounce_for(round_trips, budget);
+        let elapsed = start.elapsed();
+        line.0.store(STOP, Ordering::Release);
+        elapsed.as_nanos() as f64 / f64::from(done.max(1))
+    })
 }
 
 #[cfg(test)]
