@@ -15,7 +15,8 @@
 //! AVX-512) do not, so those calls run gemm's AVX2 kernels on every CPU
 //! ([`GemmCall`]). A product is therefore bit-identical on every x86-64 CPU
 //! with AVX2 and FMA, whatever the thread count: threads split rows and
-//! columns, never a sum.
+//! columns, or a weight gradient's 512-term slices, whose partial products
+//! are added in the same order either way ([`split_reduction`]).
 //!
 //! Products with at most eight output columns that gemm would pack (`W xᵀ`
 //! in decoding) run a kernel of their own with the packed kernels' bits
@@ -29,7 +30,7 @@ use burn::tensor::Shape;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
-use super::{copy, narrow, tensor};
+use super::{copy, narrow, tensor, ELEMENTS_PER_TASK};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
 /// is at least 512 on every CPU, so a call with `k <= 512` is never split.
@@ -134,18 +135,29 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
             gemm::Parallelism::None
         };
         let col_major = writes_column_major(m, n, &lhs_view);
-        gemm_chunked(
-            &mut out,
-            m,
-            n,
-            k,
-            &lhs_view,
-            0,
-            &rhs_view,
-            0,
-            parallelism,
-            col_major,
-        );
+        let threads = rayon::current_num_threads();
+        if ops >= GEMM_PARALLEL_OPS && splits_reduction([m, n, k], &lhs_view, threads) {
+            split_reduction(
+                &mut out,
+                [m, n, k],
+                [&lhs_view, &rhs_view],
+                threads,
+                col_major,
+            );
+        } else {
+            gemm_chunked(
+                &mut out,
+                m,
+                n,
+                k,
+                &lhs_view,
+                0,
+                &rhs_view,
+                0,
+                parallelism,
+                col_major,
+            );
+        }
         if col_major {
             // SAFETY: every element was written by gemm (`k > 0`), and
             // MaybeUninit<f32> has f32's size and alignment.
@@ -173,6 +185,103 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     let out =
         unsafe { Vec::from_raw_parts(out.as_mut_ptr().cast::<f32>(), out.len(), out.capacity()) };
     tensor(out, Shape::from(out_shape))
+}
+
+/// Whether [`matmul`] shares the `GEMM_MAX_K`-term slices of a product's
+/// reduction among `threads` threads ([`split_reduction`]) instead of its
+/// rows and columns (gemm's own threads): where `lhs` is a transposed
+/// row-major matrix (`gradᵀ @ x`, a weight's gradient), so that `k` runs
+/// along the rows (tokens) of both factors, which the kernels before it
+/// wrote in parts of consecutive rows, one part per thread. Not where the
+/// last slice has one or two terms, which gemm adds to the output one by
+/// one rather than as one sum, and not where the slices' own buffers would
+/// take more memory than the two factors.
+fn splits_reduction([m, n, k]: [usize; 3], lhs: &View, threads: usize) -> bool {
+    let slices = k.div_ceil(GEMM_MAX_K);
+    let groups = threads.min(slices);
+    let own_buffers = slices - slices.div_ceil(groups.max(1));
+    groups > 1
+        && lhs.row_stride == 1
+        && lhs.col_stride != 1
+        && !matches!(k % GEMM_MAX_K, 1 | 2)
+        && own_buffers * m * n <= k * (m + n)
+}
+
+/// Slices of a reduction reduced into one output: the first slice, the end
+/// of the last one's terms, the output ([`split_reduction`]).
+type SliceWork<'a> = (usize, usize, &'a mut [MaybeUninit<f32>]);
+
+/// `out = lhs @ rhs` ([`gemm_chunked`]'s slices of `k`, added in order) with
+/// the slices shared among `threads` threads in groups of consecutive ones,
+/// the first group on the calling thread. The first group reduces its
+/// slices into `out` as `gemm_chunked` would; every later slice is reduced
+/// into a buffer of its own, and the buffers are then added to `out` in the
+/// order of `k`. The additions are gemm's (`out + slice`, one rounding
+/// each) in the same order, so the bits are those of one thread's
+/// `gemm_chunked`.
+///
+/// Why: the two threads of a step each wrote about half of the tokens'
+/// rows of `gradᵀ` and `x` (the row-wise kernels split rows that way,
+/// the first part on the calling thread), and a group of slices reads only
+/// those rows, where gemm's threads split the output and each reads every
+/// token. On a host whose two cores share no cache, reading what the
+/// other core wrote costs more than twenty times as much as between cores
+/// that do (`docs/experiments/speed.md`).
+fn split_reduction(
+    out: &mut [MaybeUninit<f32>],
+    [m, n, k]: [usize; 3],
+    [lhs, rhs]: [&View; 2],
+    threads: usize,
+    col_major: bool,
+) {
+    let slices = k.div_ceil(GEMM_MAX_K);
+    let groups = threads.min(slices);
+    let first = slices.div_ceil(groups);
+    let mut own: Vec<Vec<MaybeUninit<f32>>> = (first..slices)
+        .map(|_| {
+            let mut buffer = Vec::with_capacity(m * n);
+            // SAFETY: MaybeUninit needs no initialisation; gemm writes
+            // every element (its first slice starts from `k = 0`).
+            unsafe { buffer.set_len(m * n) };
+            buffer
+        })
+        .collect();
+    // Each group's slices in order, as (first slice, end of its terms,
+    // output).
+    let mut work: Vec<Vec<SliceWork>> = (0..groups).map(|_| Vec::new()).collect();
+    work[0].push((0, k.min(first * GEMM_MAX_K), &mut *out));
+    for (slice, buffer) in (first..).zip(own.iter_mut()) {
+        let end = k.min((slice + 1) * GEMM_MAX_K);
+        work[slice * groups / slices].push((slice, end, buffer));
+    }
+    let none = gemm::Parallelism::None;
+    work.into_par_iter().with_max_len(1).for_each(|group| {
+        for (slice, end, out) in group {
+            let start = slice * GEMM_MAX_K;
+            let (l, r) = (
+                start as isize * lhs.col_stride,
+                start as isize * rhs.row_stride,
+            );
+            gemm_chunked(out, m, n, end - start, lhs, l, rhs, r, none, col_major);
+        }
+    });
+    let own: Vec<&[f32]> = own
+        .iter_mut()
+        // SAFETY: gemm wrote every element of each buffer (above).
+        .map(|buffer| &*unsafe { crate::written::assume_init_mut(buffer) })
+        .collect();
+    // SAFETY: the first group's gemm calls wrote every element of `out`.
+    let out = unsafe { crate::written::assume_init_mut(out) };
+    out.par_chunks_mut(ELEMENTS_PER_TASK)
+        .enumerate()
+        .for_each(|(task, out)| {
+            let at = task * ELEMENTS_PER_TASK..task * ELEMENTS_PER_TASK + out.len();
+            for slice in &own {
+                for (o, &s) in out.iter_mut().zip(&slice[at.clone()]) {
+                    *o += s;
+                }
+            }
+        });
 }
 
 /// Whether [`matmul`] runs `lhs @ rhs` through a lane-split gemm kernel
@@ -811,6 +920,53 @@ mod tests {
                 .map(|v| v.to_bits())
                 .collect();
             assert_eq!(bits(got), want, "{m} x {k} x {n}");
+        }
+    }
+
+    /// A weight's gradient (`gradᵀ @ x`) large enough for threads, on one
+    /// thread and on two: its reduction's slices shared between the two
+    /// ([`split_reduction`]: two, three and four slices, a last slice of
+    /// three terms, a column-major output) or not (a last slice of two
+    /// terms, which gemm adds to the output one at a time), the FMA chain
+    /// reference's bits every time.
+    #[test]
+    fn a_reduction_shared_between_threads_keeps_its_bits() {
+        let pool = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a thread pool")
+        };
+        let (one, two) = (pool(1), pool(2));
+        for (m, n, k, shared) in [
+            (96, 80, 1024, true),
+            (72, 80, 1536, true),
+            (64, 60, 2048, true),
+            (96, 80, 1027, true),
+            (96, 80, 1026, false),
+            (ALIASING_STRIDE as usize, 24, 1024, true),
+        ] {
+            assert!(
+                m * n * k >= GEMM_PARALLEL_OPS,
+                "{m} x {k} x {n} is threaded"
+            );
+            let (a, b) = (seeded(&[m, k], 7), seeded(&[k, n], 8));
+            let lhs = column_major(a.clone(), m, k);
+            let primitive = lhs.clone().into_primitive().tensor();
+            let view = View::new(&primitive, primitive.layout(), 2);
+            assert_eq!(
+                splits_reduction([m, n, k], &view, 2),
+                shared,
+                "{m} x {k} x {n}"
+            );
+            let want: Vec<u32> = reference(&a, &b, m, k, n)
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            for pool in [&one, &two] {
+                let got = pool.install(|| crate::matmul(lhs.clone(), t(b.clone(), [k, n])));
+                assert_eq!(bits(got), want, "{m} x {k} x {n}");
+            }
         }
     }
 
