@@ -199,7 +199,7 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
 fn splits_reduction([m, n, k]: [usize; 3], lhs: &View, threads: usize) -> bool {
     let slices = k.div_ceil(GEMM_MAX_K);
     let groups = threads.min(slices);
-    let own_buffers = slices - slices.div_ceil(groups.max(1));
+    let own_buffers = slices - slices.div_ceil(groups);
     groups > 1
         && lhs.row_stride == 1
         && lhs.col_stride != 1
