@@ -127,7 +127,7 @@ bench-memory *ARGS: models
     mkdir -p target/bench
     target/release/memory_bench --out target/bench/memory.json {{ARGS}}
 
-# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs` picks some), BENCH_RUNS (default 3) runs each side, alternating config by config so that each pair of runs is a minute or two apart; medians, ranges and ratios (about 25 minutes).
+# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs` picks some), BENCH_RUNS (default 3) runs each side, alternating config by config so that each pair of runs is a minute or two apart; medians, ranges and ratios, and each of issue 19's goals marked met in every pair, by the median, or not (about 25 minutes).
 bench-vs-torch *ARGS: setup-torch models
     #!/usr/bin/env bash
     set -euo pipefail
@@ -155,7 +155,7 @@ bench-vs-torch *ARGS: setup-torch models
         {{python}} benches/merge_runs.py "target/bench/torch-$i.json" "${parts_torch[@]}"
         burn+=("target/bench/burn-$i.json") torch+=("target/bench/torch-$i.json")
     done
-    (IFS=,; {{python}} benches/compare.py "${burn[*]}" "${torch[*]}")
+    (IFS=,; {{python}} benches/compare.py --goals "${burn[*]}" "${torch[*]}")
 
 # The matrix products of a training step, mappa's CPU matrix product against PyTorch's (2 threads): each linear layer's forward, input-gradient and weight-gradient product in the layout mappa computes it in, for 1m, 25m and SmolLM2 at batch 8 (`--configs` picks some; smol-b8 installs the model), BENCH_RUNS (default 3) runs each side, alternating, on BENCH_THREADS threads each (default 2; 1 separates the kernels from their threading); GFLOP/s per product and for the step's products together (about 2 minutes without SmolLM2).
 bench-matmul *ARGS: setup-torch

@@ -5,7 +5,7 @@
 
 Usage:
   python benches/compare.py [--metric gflop_per_s] A.json B.json
-  python benches/compare.py A1.json,A2.json,A3.json B1.json,B2.json,B3.json
+  python benches/compare.py [--goals] A1.json,A2.json,A3.json B1.json,B2.json,B3.json
 
 Each side is one results file, or several comma-separated files from repeated
 runs (run i of A alternated with run i of B, so paired runs saw the same
@@ -20,6 +20,11 @@ each file's "impl" field. Rows appear in the order of A's first file. Where a
 side's records hold "core_round_trip_ns" (bench_json's), its per-run round
 trips follow the table.
 
+With `--goals` (`just bench-vs-torch`: A is burn, B is PyTorch), a last
+column marks issue 19's goal for each row that has one (GOALS): met in every
+pair of runs, met by the median (in how many pairs), or not met; likewise the
+floor where a goal has one.
+
 Exits with an error (and prints no table) if a (config, workload) pair is
 missing from any file, if the sides have different numbers of runs, or if a
 file is malformed.
@@ -31,6 +36,19 @@ import sys
 
 # The compared quantity (higher is faster): its record key and its unit.
 METRICS = {"tokens_per_s": "tok/s", "gflop_per_s": "GFLOP/s"}
+
+# Issue 19's goals for burn against PyTorch, as ratios A/B of the rows they
+# apply to: (config, workload) -> (goal, floor or None).
+GOALS = {
+    ("1m", "forward"): (1.0, None),
+    ("1m", "train_step"): (1.5, 1.0),
+    ("1m", "generate"): (2.0, None),
+    ("25m", "forward"): (1.0, None),
+    ("25m", "train_step"): (1.0, None),
+    ("25m", "generate"): (1.5, None),
+    ("smol-b8", "train_step"): (1.0, None),
+    ("smol-b8", "generate"): (1.0, None),
+}
 
 
 def die(msg: str) -> None:
@@ -87,14 +105,42 @@ def spread(values: list, fmt) -> str:
     return text
 
 
+def verdict(ratios: list, target: float) -> str:
+    """Whether the per-pair `ratios` reach `target`: in every pair, by the
+    median (and in how many pairs), or not."""
+    met = sum(r >= target for r in ratios)
+    head = f">= {target:.1f}x: "
+    if met == len(ratios):
+        return head + ("met in every pair" if len(ratios) > 1 else "met")
+    if len(ratios) == 1:
+        return head + "**not met**"
+    if statistics.median(ratios) >= target:
+        return head + f"met by the median, in {met} of {len(ratios)} pairs"
+    return head + f"**not met** (met in {met} of {len(ratios)} pairs)"
+
+
+def goal_cell(key: tuple, ratios: list) -> str:
+    """The goal column's cell for row `key` (empty where it has no goal)."""
+    if key not in GOALS or not ratios:
+        return ""
+    goal, floor = GOALS[key]
+    cell = verdict(ratios, goal)
+    if floor is not None:
+        cell += "; floor " + verdict(ratios, floor).removeprefix(">= ")
+    return cell
+
+
 def main() -> None:
     argv, metric = sys.argv[1:], "tokens_per_s"
+    goals = "--goals" in argv
+    argv = [a for a in argv if a != "--goals"]
     if len(argv) == 4 and argv[0] == "--metric":
         metric, argv = argv[1], argv[2:]
         if metric not in METRICS:
             die(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
     if len(argv) != 2:
-        die("usage: python benches/compare.py [--metric gflop_per_s] A.json[,A2.json...] B.json[,B2.json...]")
+        die("usage: python benches/compare.py [--metric gflop_per_s] [--goals] "
+            "A.json[,A2.json...] B.json[,B2.json...]")
     a_runs, b_runs = load_runs(argv[0], metric), load_runs(argv[1], metric)
     if len(a_runs) != len(b_runs):
         die(f"{len(a_runs)} runs of A but {len(b_runs)} of B: the runs are compared in pairs")
@@ -124,17 +170,16 @@ def main() -> None:
         print(f"{runs} runs each, alternating; median (min-max) over the runs, "
               f"the ratio per pair of runs.\n")
     unit = METRICS[metric]
-    print(f"| config | workload | {name_a} {unit} | {name_b} {unit} | {name_a}/{name_b} |")
-    print("|---|---|---:|---:|---:|")
+    header = f"| config | workload | {name_a} {unit} | {name_b} {unit} | {name_a}/{name_b} |"
+    print(header + (" issue 19 goal |" if goals else ""))
+    print("|---|---|---:|---:|---:|" + ("---|" if goals else ""))
     for key in a:
         a_tps = [float(rows[key][metric]) for _, rows in a_runs]
         b_tps = [float(rows[key][metric]) for _, rows in b_runs]
-        if any(x <= 0 for x in b_tps):
-            ratio = "n/a"
-        else:
-            ratio = spread([x / y for x, y in zip(a_tps, b_tps)], lambda r: f"{r:.2f}x")
-        print(f"| {key[0]} | {key[1]} | {spread(a_tps, fmt_tps)} | "
-              f"{spread(b_tps, fmt_tps)} | {ratio} |")
+        ratios = [] if any(x <= 0 for x in b_tps) else [x / y for x, y in zip(a_tps, b_tps)]
+        ratio = spread(ratios, lambda r: f"{r:.2f}x") if ratios else "n/a"
+        row = f"| {key[0]} | {key[1]} | {spread(a_tps, fmt_tps)} | {spread(b_tps, fmt_tps)} | {ratio} |"
+        print(row + (f" {goal_cell(key, ratios)} |" if goals else ""))
 
     # How far apart the host ran two threads in each run of a side that records
     # it (bench_json's `core_round_trip_ns`, measured before each workload): on
