@@ -18,7 +18,8 @@ with the range (min-max), and the ratio A/B (> 1 means A is faster) as the
 median of the per-run ratios with their range. The columns are named after
 each file's "impl" field. Rows appear in the order of A's first file. Where a
 side's records hold "core_round_trip_ns" (bench_json's), its per-run round
-trips follow the table.
+trips follow the table; where they hold "cpu_loop_us" (each CPU's time for
+bench_json's fixed loop), the slowest CPU's time per run follows too.
 
 With `--goals` (`just bench-vs-torch`: A is burn, B is PyTorch), a last
 column marks issue 19's goal for each row that has one (GOALS): met in every
@@ -105,6 +106,12 @@ def spread(values: list, fmt) -> str:
     return text
 
 
+def per_run_spread(runs: list) -> str:
+    """Each run's values as "run i: median (min-max)", joined."""
+    return "; ".join(f"run {i + 1}: {spread(run, lambda x: f'{x:.0f}')}"
+                     for i, run in enumerate(runs))
+
+
 def verdict(ratios: list, target: float) -> str:
     """Whether the per-pair `ratios` reach `target`: in every pair, by the
     median (and in how many pairs), or not."""
@@ -188,10 +195,15 @@ def main() -> None:
     for name, runs_ in ((name_a, a_runs), (name_b, b_runs)):
         trips = [[rows[k].get("core_round_trip_ns") for k in rows] for _, rows in runs_]
         if all(isinstance(t, (int, float)) for run in trips for t in run):
-            per_run = "; ".join(f"run {i + 1}: {spread(run, lambda x: f'{x:.0f}')}"
-                                for i, run in enumerate(trips))
             print(f"\n{name}: the cores' round trip before each workload, ns, "
-                  f"median (min-max) per run: {per_run}")
+                  f"median (min-max) per run: {per_run_spread(trips)}")
+        # How fast the slowest CPU ran a fixed loop before each workload: the
+        # host slows one vCPU at times, and a two-thread step with it.
+        loops = [[rows[k].get("cpu_loop_us") for k in rows] for _, rows in runs_]
+        if all(isinstance(t, list) and t for run in loops for t in run):
+            slowest = [[max(t) for t in run] for run in loops]
+            print(f"\n{name}: the slowest CPU's time for the same loop before each "
+                  f"workload, us, median (min-max) per run: {per_run_spread(slowest)}")
 
 
 if __name__ == "__main__":

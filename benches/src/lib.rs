@@ -9,12 +9,14 @@
 //! hyper-parameters match `torch_bench.py` exactly. [`products`] lists a
 //! training step's matrix products, which `matmul_bench` and
 //! `torch_matmul.py` time on their own (`just bench-matmul`). [`core_distance`]
-//! measures how far apart the machine runs two threads, which `bench_json`
-//! records with each timing.
+//! measures how far apart the machine runs two threads, and [`cpu_speed`]
+//! how fast each of its CPUs computes right now; `bench_json` records both
+//! with each timing.
 
 #![warn(missing_docs)]
 
 pub mod core_distance;
+pub mod cpu_speed;
 pub mod products;
 
 use burn::module::AutodiffModule;

@@ -2,7 +2,9 @@
 //! `torch_bench.py`, for `benches/compare.py` (run by `just bench-vs-torch`)
 //! and for the CPU backend comparison (`just bench-backends`). Each row also
 //! holds `core_round_trip_ns`, how far apart the host ran two threads just
-//! before it ([`mappa_benches::core_distance`]).
+//! before it ([`mappa_benches::core_distance`]), and `cpu_loop_us`, how long
+//! each CPU took for the same loop of arithmetic just before it
+//! ([`mappa_benches::cpu_speed`]).
 
 use clap::Parser;
 use mappa_benches::*;
@@ -37,6 +39,10 @@ struct Args {
 /// Cache-line round trips between two threads measured before each workload
 /// (at most 100 ms of them): the `core_round_trip_ns` of its row.
 const ROUND_TRIPS: u32 = 100_000;
+
+/// Rounds of `cpu_speed`'s loop run on every CPU before each workload
+/// (about a millisecond and a half on the Zen 4): the `cpu_loop_us` of its row.
+const CPU_LOOP_ROUNDS: u32 = 400_000;
 
 /// (warm-up, timed) iterations per configuration and workload, as in torch_bench.py.
 fn iterations(config: BenchConfig, workload: &str, quick: bool) -> (usize, usize) {
@@ -136,6 +142,8 @@ fn run<B: AutodiffModelBackend>(
                 ROUND_TRIPS,
                 std::time::Duration::from_millis(100),
             );
+            // How fast each CPU computes right now (the host slows one at times).
+            let cpu_loop_us = cpu_speed::cpu_loop_us(CPU_LOOP_ROUNDS);
             let median = median_seconds(warmup, iters, f);
             let row = json!({
                 "impl": format!("burn-{name}"),
@@ -147,13 +155,20 @@ fn run<B: AutodiffModelBackend>(
                 "tokens_per_s": tokens_per_iter as f64 / median,
                 "iters": iters,
                 "core_round_trip_ns": round_trip_ns,
+                "cpu_loop_us": cpu_loop_us,
                 "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
                 "versions": {"burn": "0.21.0"},
             });
             eprintln!(
-                "{name} {:>7} {workload:<10} {:>10.0} tok/s  (cores' round trip {round_trip_ns:.0} ns)",
+                "{name} {:>7} {workload:<10} {:>10.0} tok/s  (cores' round trip {round_trip_ns:.0} ns; \
+                 each CPU's loop {} us)",
                 bench.name(),
-                tokens_per_iter as f64 / median
+                tokens_per_iter as f64 / median,
+                cpu_loop_us
+                    .iter()
+                    .map(|us| format!("{us:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
             rows.push(row);
         }

@@ -1,5 +1,6 @@
-//! `benches/compare.py --goals`, the table `just bench-vs-torch` prints: each
-//! row's issue-19 goal marked met in every pair, by the median, or not.
+//! `benches/compare.py`, the table `just bench-vs-torch` prints: each row's
+//! issue-19 goal marked met in every pair, by the median, or not
+//! (`--goals`), and the machine's state under the table.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,6 +16,23 @@ fn write_run(path: &Path, side: &str, rows: &[(&str, &str, f64)]) {
         })
         .collect();
     std::fs::write(path, serde_json::to_string(&records).unwrap()).unwrap();
+}
+
+/// `compare.py` with `args` (files joined by commas per side); its stdout.
+fn compare(args: &[String]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("compare.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .expect("python3 runs benches/compare.py");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
 }
 
 /// `compare.py --goals` on runs of burn and PyTorch, row by row: `(config,
@@ -35,20 +53,7 @@ fn goal_column(rows: &[(&str, &str, Vec<f64>, Vec<f64>)]) -> Vec<(String, String
             sides[s].push(path.to_str().unwrap().to_owned());
         }
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("compare.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg("--goals")
-        .arg(sides[0].join(","))
-        .arg(sides[1].join(","))
-        .output()
-        .expect("python3 runs benches/compare.py");
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = compare(&["--goals".into(), sides[0].join(","), sides[1].join(",")]);
     stdout
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| config"))
@@ -109,4 +114,52 @@ fn a_single_run_is_met_or_not() {
     ]);
     assert_eq!(column[0].1, ">= 2.0x: met");
     assert_eq!(column[1].1, ">= 1.5x: **not met**; floor 1.0x: met");
+}
+
+#[test]
+fn the_machines_state_follows_the_table() {
+    // Two runs of burn's rows with the round trip and each CPU's loop time
+    // (the second run with one CPU slowed), and PyTorch's without them.
+    let dir = tempfile::tempdir().unwrap();
+    let (mut burn, mut torch) = (Vec::new(), Vec::new());
+    for (run, loops) in [
+        [[1_600.0, 1_610.0], [1_620.0, 1_600.0]],
+        [[1_600.0, 2_400.0], [3_000.0, 1_650.0]],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let records: Vec<_> = ["forward", "train_step"]
+            .iter()
+            .zip(loops)
+            .map(|(workload, cpu_loop_us)| {
+                json!({"impl": "burn-flex", "config": "1m", "workload": workload,
+                       "tokens_per_s": 100.0, "core_round_trip_ns": 90.0 + run as f64,
+                       "cpu_loop_us": cpu_loop_us})
+            })
+            .collect();
+        let path = dir.path().join(format!("burn-{run}.json"));
+        std::fs::write(&path, serde_json::to_string(&records).unwrap()).unwrap();
+        burn.push(path.to_str().unwrap().to_owned());
+        let path = dir.path().join(format!("torch-{run}.json"));
+        write_run(
+            &path,
+            "pytorch",
+            &[("1m", "forward", 50.0), ("1m", "train_step", 50.0)],
+        );
+        torch.push(path.to_str().unwrap().to_owned());
+    }
+    let stdout = compare(&[burn.join(","), torch.join(",")]);
+    assert!(
+        stdout.contains("median (min-max) per run: run 1: 90 (90-90); run 2: 91 (91-91)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "burn-flex: the slowest CPU's time for the same loop before each workload, us, \
+             median (min-max) per run: run 1: 1615 (1610-1620); run 2: 2700 (2400-3000)"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("pytorch: the"), "{stdout}");
 }
