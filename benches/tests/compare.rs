@@ -5,7 +5,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::json;
+use serde_json::{json, Value};
+
+/// Writes one side's run: a JSON list of `records`.
+fn write_records(path: &Path, records: &[Value]) {
+    std::fs::write(path, serde_json::to_string(records).unwrap()).unwrap();
+}
 
 /// Writes one side's run: records of `(config, workload, tokens_per_s)`.
 fn write_run(path: &Path, side: &str, rows: &[(&str, &str, f64)]) {
@@ -15,7 +20,7 @@ fn write_run(path: &Path, side: &str, rows: &[(&str, &str, f64)]) {
             json!({"impl": side, "config": config, "workload": workload, "tokens_per_s": tps})
         })
         .collect();
-    std::fs::write(path, serde_json::to_string(&records).unwrap()).unwrap();
+    write_records(path, &records);
 }
 
 /// `compare.py` with `args` (files joined by commas per side); its stdout.
@@ -139,7 +144,7 @@ fn the_machines_state_follows_the_table() {
             })
             .collect();
         let path = dir.path().join(format!("burn-{run}.json"));
-        std::fs::write(&path, serde_json::to_string(&records).unwrap()).unwrap();
+        write_records(&path, &records);
         burn.push(path.to_str().unwrap().to_owned());
         let path = dir.path().join(format!("torch-{run}.json"));
         write_run(
