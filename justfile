@@ -127,18 +127,20 @@ bench-memory *ARGS: models
     mkdir -p target/bench
     target/release/memory_bench --out target/bench/memory.json {{ARGS}}
 
-# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs` picks some), BENCH_RUNS (default 3) runs each side, alternating config by config so that each pair of runs is a minute or two apart; medians, ranges and ratios, and each of issue 19's goals marked met in every pair, by the median, or not (about 25 minutes).
+# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs`, `--workloads` pick some), BENCH_RUNS (default 3) runs each side, alternating workload by workload so that the two timings of a pair are seconds apart, burn first in odd runs and PyTorch first in even ones; medians, ranges and ratios, and each of issue 19's goals marked met in every pair, by the median, or not (about 30 minutes).
 bench-vs-torch *ARGS: setup-torch models
     #!/usr/bin/env bash
     set -euo pipefail
     mkdir -p target/bench
     cargo build --release --locked -p mappa-benches --bin bench_json
-    runs="${BENCH_RUNS:-3}" configs="1m,25m,smol-b1,smol-b8" rest=()
+    runs="${BENCH_RUNS:-3}" configs="1m,25m,smol-b1,smol-b8" workloads="forward,train_step,generate" rest=()
     set -- {{ARGS}}
     while [ $# -gt 0 ]; do
         case "$1" in
             --configs) configs="$2"; shift 2 ;;
             --configs=*) configs="${1#*=}"; shift ;;
+            --workloads) workloads="$2"; shift 2 ;;
+            --workloads=*) workloads="${1#*=}"; shift ;;
             *) rest+=("$1"); shift ;;
         esac
     done
@@ -146,10 +148,19 @@ bench-vs-torch *ARGS: setup-torch models
     for i in $(seq 1 "$runs"); do
         parts_burn=() parts_torch=()
         for config in ${configs//,/ }; do
-            echo "== run $i of $runs, $config: burn, then PyTorch"
-            target/release/bench_json --configs "$config" --out "target/bench/burn-$i-$config.json" "${rest[@]}" > /dev/null
-            {{python}} benches/torch_bench.py --threads 2 --configs "$config" --out "target/bench/torch-$i-$config.json" "${rest[@]}"
-            parts_burn+=("target/bench/burn-$i-$config.json") parts_torch+=("target/bench/torch-$i-$config.json")
+            for workload in ${workloads//,/ }; do
+                out="$i-$config-$workload.json"
+                run_burn() { target/release/bench_json --configs "$config" --workloads "$workload" --out "target/bench/burn-$out" "${rest[@]}" > /dev/null; }
+                run_torch() { {{python}} benches/torch_bench.py --threads 2 --configs "$config" --workloads "$workload" --out "target/bench/torch-$out" "${rest[@]}"; }
+                if [ $((i % 2)) -eq 1 ]; then
+                    echo "== run $i of $runs, $config $workload: burn, then PyTorch"
+                    run_burn; run_torch
+                else
+                    echo "== run $i of $runs, $config $workload: PyTorch, then burn"
+                    run_torch; run_burn
+                fi
+                parts_burn+=("target/bench/burn-$out") parts_torch+=("target/bench/torch-$out")
+            done
         done
         {{python}} benches/merge_runs.py "target/bench/burn-$i.json" "${parts_burn[@]}"
         {{python}} benches/merge_runs.py "target/bench/torch-$i.json" "${parts_torch[@]}"

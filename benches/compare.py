@@ -19,7 +19,9 @@ median of the per-run ratios with their range. The columns are named after
 each file's "impl" field. Rows appear in the order of A's first file. Where a
 side's records hold "core_round_trip_ns" (bench_json's), its per-run round
 trips follow the table; where they hold "cpu_loop_us" (each CPU's time for
-bench_json's fixed loop), the slowest CPU's time per run follows too.
+bench_json's fixed loop), the slowest CPU's time per run follows too. Where
+both sides' records hold "started_unix_s" (when a workload's timing began),
+the time between the two sides of each pair is printed first.
 
 With `--goals` (`just bench-vs-torch`: A is burn, B is PyTorch), a last
 column marks issue 19's goal for each row that has one (GOALS): met in every
@@ -187,6 +189,16 @@ def main() -> None:
         ratio = spread(ratios, lambda r: f"{r:.2f}x") if ratios else "n/a"
         row = f"| {key[0]} | {key[1]} | {spread(a_tps, fmt_tps)} | {spread(b_tps, fmt_tps)} | {ratio} |"
         print(row + (f" {goal_cell(key, ratios)} |" if goals else ""))
+
+    # How far apart in time the two sides of each pair were timed: the closer,
+    # the likelier both saw the same machine state.
+    gaps = [abs(float(ra[k]["started_unix_s"]) - float(rb[k]["started_unix_s"]))
+            for (_, ra), (_, rb) in zip(a_runs, b_runs) for k in a
+            if isinstance(ra[k].get("started_unix_s"), (int, float))
+            and isinstance(rb[k].get("started_unix_s"), (int, float))]
+    if gaps and len(gaps) == runs * len(a):
+        print(f"\nSeconds between the two sides' timings of a row, over every "
+              f"row and pair: {spread(gaps, lambda x: f'{x:.0f}')}")
 
     # How far apart the host ran two threads in each run of a side that records
     # it (bench_json's `core_round_trip_ns`, measured before each workload): on

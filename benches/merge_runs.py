@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Join the results files of one benchmark run into one (`just bench-vs-torch`
-runs each configuration as its own process, so that burn and PyTorch
-alternate configuration by configuration).
+runs each workload of each configuration as its own process, so that burn and
+PyTorch alternate workload by workload; `just bench-tch`, config by config).
 
 Usage:
   python benches/merge_runs.py OUT.json PART1.json PART2.json ...

@@ -19,7 +19,7 @@ tokens/s = tokens_per_iter / median_s.
 Usage:
   .venv/bin/python benches/torch_bench.py [--threads 2] [--configs 1m,25m,smol-b1,smol-b8]
       [--smol-dir models/SmolLM2-135M-Instruct] [--out results.json] [--quick]
-      [--warmup N] [--iters N]
+      [--workloads forward,train_step,generate] [--warmup N] [--iters N]
 
 The JSON written by --out is a list of records (one per config x workload) with
 the schema consumed by benches/compare.py. A readable summary goes to stderr.
@@ -202,6 +202,8 @@ def parse_args():
                    help="comma-separated: 1m,25m,smol-b1,smol-b8")
     p.add_argument("--smol-dir", default="models/SmolLM2-135M-Instruct",
                    help="the real model (`just models` installs it)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS),
+                   help=f"comma-separated: {','.join(WORKLOADS)}")
     p.add_argument("--out", help="write JSON results to this file")
     p.add_argument("--quick", action="store_true",
                    help=f"warmup {QUICK_REPS[0]}, iters {QUICK_REPS[1]} everywhere (smoke test)")
@@ -213,6 +215,10 @@ def parse_args():
     unknown = [c for c in args.configs if c not in known]
     if unknown:
         p.error(f"unknown config(s) {unknown}; choose from {known}")
+    args.workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown or not args.workloads:
+        p.error(f"--workloads {unknown or 'empty'}: choose from {list(WORKLOADS)}")
     if args.iters is not None and args.iters < 1:
         p.error("--iters must be >= 1")
     if args.warmup is not None and args.warmup < 0:
@@ -239,7 +245,7 @@ def main():
         batch = SMOL_BATCHES.get(cfg, BATCH)
         reps = DEFAULT_REPS["smol" if cfg in SMOL_BATCHES else cfg]
         params = None
-        for workload in WORKLOADS:
+        for workload in (w for w in WORKLOADS if w in args.workloads):
             warmup, iters = QUICK_REPS if args.quick else reps[workload]
             if args.warmup is not None:
                 warmup = args.warmup
@@ -254,6 +260,7 @@ def main():
                 params = count_params(model)
                 log(f"[{cfg}] params: {params:,}")
 
+            started = time.time()
             tokens, times = BENCHES[workload](model, vocab_size, batch, warmup, iters)
             median = statistics.median(times)
             rec = {
@@ -266,6 +273,7 @@ def main():
                 "tokens_per_s": tokens / median,
                 "iters": iters,
                 "threads": args.threads,
+                "started_unix_s": started,
                 "versions": versions,
             }
             results.append(rec)

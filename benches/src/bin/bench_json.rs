@@ -23,7 +23,12 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values = ["1m", "25m", "smol-b1", "smol-b8"])]
     configs: Vec<BenchConfig>,
     /// Workloads to run, comma-separated (forward, train_step, generate).
-    #[arg(long, value_delimiter = ',', default_values = ["forward", "train_step", "generate"])]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = ["forward", "train_step", "generate"],
+        default_values = ["forward", "train_step", "generate"]
+    )]
     workloads: Vec<String>,
     /// The real model's directory (`just models` installs it).
     #[arg(long, default_value = SMOL_DIR)]
@@ -144,6 +149,9 @@ fn run<B: AutodiffModelBackend>(
             );
             // How fast each CPU computes right now (the host slows one at times).
             let cpu_loop_us = cpu_speed::cpu_loop_us(CPU_LOOP_ROUNDS);
+            let started_unix_s = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
             let median = median_seconds(warmup, iters, f);
             let row = json!({
                 "impl": format!("burn-{name}"),
@@ -156,6 +164,7 @@ fn run<B: AutodiffModelBackend>(
                 "iters": iters,
                 "core_round_trip_ns": round_trip_ns,
                 "cpu_loop_us": cpu_loop_us,
+                "started_unix_s": started_unix_s,
                 "threads": std::thread::available_parallelism().map_or(1, |n| n.get()),
                 "versions": {"burn": "0.21.0"},
             });
