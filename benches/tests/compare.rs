@@ -1,6 +1,7 @@
 //! `benches/compare.py`, the table `just bench-vs-torch` prints: each row's
 //! issue-19 goal marked met in every pair, by the median, or not
-//! (`--goals`), and the machine's state under the table.
+//! (`--goals`), and the machine's state and the pairs' distance in time
+//! under the table.
 
 use std::path::Path;
 use std::process::Command;
@@ -167,4 +168,49 @@ fn the_machines_state_follows_the_table() {
         "{stdout}"
     );
     assert!(!stdout.contains("pytorch: the"), "{stdout}");
+}
+
+#[test]
+fn the_pairs_distance_in_time_follows_the_table() {
+    // Two runs of two rows; PyTorch's timing of a row began 2, 4, 6 and 30
+    // seconds from burn's, after it or before it.
+    let dir = tempfile::tempdir().unwrap();
+    let mut sides: [Vec<String>; 3] = Default::default();
+    for (run, offsets) in [[2.0, -4.0], [6.0, -30.0]].iter().enumerate() {
+        // Each side's records, with burn's timings starting at `start`.
+        let run_of = |side: &str, offsets: Option<[f64; 2]>| -> Vec<Value> {
+            let start = 1_000.0 * (run + 1) as f64;
+            let workloads = ["forward", "train_step"].iter().enumerate();
+            workloads
+                .map(|(r, workload)| {
+                    let mut record = json!({"impl": side, "config": "1m", "workload": workload,
+                                            "tokens_per_s": 100.0});
+                    if let Some(offsets) = offsets {
+                        record["started_unix_s"] = json!(start + 100.0 * r as f64 + offsets[r]);
+                    }
+                    record
+                })
+                .collect()
+        };
+        let runs = [
+            ("burn", run_of("burn-flex", Some([0.0; 2]))),
+            ("torch", run_of("pytorch", Some(*offsets))),
+            ("torch-untimed", run_of("pytorch", None)),
+        ];
+        for (paths, (name, records)) in sides.iter_mut().zip(runs) {
+            let path = dir.path().join(format!("{name}-{run}.json"));
+            write_records(&path, &records);
+            paths.push(path.to_str().unwrap().to_owned());
+        }
+    }
+    let [burn, torch, torch_untimed] = sides.map(|paths| paths.join(","));
+    let stdout = compare(&[burn.clone(), torch]);
+    assert!(
+        stdout.contains(
+            "Seconds between the two sides' timings of a row, over every row and pair: 5 (2-30)"
+        ),
+        "{stdout}"
+    );
+    let stdout = compare(&[burn, torch_untimed]);
+    assert!(!stdout.contains("Seconds between"), "{stdout}");
 }
