@@ -127,13 +127,13 @@ bench-memory *ARGS: models
     mkdir -p target/bench
     target/release/memory_bench --out target/bench/memory.json {{ARGS}}
 
-# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs`, `--workloads` pick some), BENCH_RUNS (default 3) runs each side, alternating workload by workload so that the two timings of a pair are seconds apart, burn first in odd runs and PyTorch first in even ones; medians, ranges and ratios, and each of issue 19's goals marked met in every pair, by the median, or not (about 30 minutes).
+# Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs`, `--workloads` pick some), BENCH_RUNS (default 5, the fewest pairs whose sign test can show a goal) runs each side, alternating workload by workload so that the two timings of a pair are seconds apart, burn first in odd runs and PyTorch first in even ones; medians, ranges and ratios, and each of issue 19's goals marked met in every pair, by the median, or not, with the sign test's p-value (about 30 minutes).
 bench-vs-torch *ARGS: setup-torch models
     #!/usr/bin/env bash
     set -euo pipefail
     mkdir -p target/bench
     cargo build --release --locked -p mappa-benches --bin bench_json
-    runs="${BENCH_RUNS:-3}" configs="1m,25m,smol-b1,smol-b8" workloads="forward,train_step,generate" rest=()
+    runs="${BENCH_RUNS:-5}" configs="1m,25m,smol-b1,smol-b8" workloads="forward,train_step,generate" rest=()
     set -- {{ARGS}}
     while [ $# -gt 0 ]; do
         case "$1" in

@@ -26,7 +26,10 @@ the time between the two sides of each pair is printed first.
 With `--goals` (`just bench-vs-torch`: A is burn, B is PyTorch), a last
 column marks issue 19's goal for each row that has one (GOALS): met in every
 pair of runs, met by the median (in how many pairs), or not met; likewise the
-floor where a goal has one.
+floor where a goal has one. With more than one pair, each gets the one-sided
+exact sign test's p-value (the chance of at least that many pairs reaching it
+if the pairs' median ratio were at the goal), and a line under the table says
+how many pairs show a goal at the ALPHA level.
 
 Exits with an error (and prints no table) if a (config, workload) pair is
 missing from any file, if the sides have different numbers of runs, or if a
@@ -34,6 +37,7 @@ file is malformed.
 """
 
 import json
+import math
 import statistics
 import sys
 
@@ -52,6 +56,10 @@ GOALS = {
     ("smol-b8", "train_step"): (1.0, None),
     ("smol-b8", "generate"): (1.0, None),
 }
+
+
+# The sign test's level: a goal is shown by a table when its p-value is below it.
+ALPHA = 0.05
 
 
 def die(msg: str) -> None:
@@ -114,18 +122,33 @@ def per_run_spread(runs: list) -> str:
                      for i, run in enumerate(runs))
 
 
+def sign_test_p(met: int, pairs: int) -> float:
+    """The one-sided exact sign test's p-value: the chance of at least `met`
+    of `pairs` pairs reaching a goal if each reached it with probability 1/2
+    (the pairs' median ratio at the goal)."""
+    return sum(math.comb(pairs, k) for k in range(met, pairs + 1)) / 2**pairs
+
+
+def pairs_needed(pairs: int) -> int | None:
+    """The fewest of `pairs` pairs reaching a goal for which the sign test
+    shows it at level ALPHA (None where no count does)."""
+    return next((k for k in range(pairs + 1) if sign_test_p(k, pairs) < ALPHA), None)
+
+
 def verdict(ratios: list, target: float) -> str:
     """Whether the per-pair `ratios` reach `target`: in every pair, by the
-    median (and in how many pairs), or not."""
+    median (and in how many pairs), or not; with more than one pair, the
+    sign test's p-value (`sign_test_p`)."""
     met = sum(r >= target for r in ratios)
     head = f">= {target:.1f}x: "
-    if met == len(ratios):
-        return head + ("met in every pair" if len(ratios) > 1 else "met")
     if len(ratios) == 1:
-        return head + "**not met**"
+        return head + ("met" if met else "**not met**")
+    p = f"sign test p = {sign_test_p(met, len(ratios)):.3g}"
+    if met == len(ratios):
+        return head + f"met in every pair ({p})"
     if statistics.median(ratios) >= target:
-        return head + f"met by the median, in {met} of {len(ratios)} pairs"
-    return head + f"**not met** (met in {met} of {len(ratios)} pairs)"
+        return head + f"met by the median, in {met} of {len(ratios)} pairs ({p})"
+    return head + f"**not met** (met in {met} of {len(ratios)} pairs; {p})"
 
 
 def goal_cell(key: tuple, ratios: list) -> str:
@@ -189,6 +212,13 @@ def main() -> None:
         ratio = spread(ratios, lambda r: f"{r:.2f}x") if ratios else "n/a"
         row = f"| {key[0]} | {key[1]} | {spread(a_tps, fmt_tps)} | {spread(b_tps, fmt_tps)} | {ratio} |"
         print(row + (f" {goal_cell(key, ratios)} |" if goals else ""))
+    if goals and runs > 1:
+        needed = pairs_needed(runs)
+        shown = (f"{needed} or more of the {runs} pairs show it (p < {ALPHA})" if needed
+                 else f"no count of {runs} pairs can show it at p < {ALPHA} (five pairs can)")
+        print(f"\nThe sign test (one-sided, exact) of a goal: p is the chance that at least "
+              f"that many pairs reach it if each pair reached it with probability 1/2 (the "
+              f"pairs' median ratio at the goal); {shown}.")
 
     # How far apart in time the two sides of each pair were timed: the closer,
     # the likelier both saw the same machine state.

@@ -45,6 +45,20 @@ fn compare(args: &[String]) -> String {
 /// workload, burn's tok/s per run, PyTorch's)`. Returns the goal column by
 /// `config workload`.
 fn goal_column(rows: &[(&str, &str, Vec<f64>, Vec<f64>)]) -> Vec<(String, String)> {
+    let stdout = compare_goals(rows);
+    stdout
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| config"))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            // ["", config, workload, burn, torch, ratio, goal, ""]
+            (format!("{} {}", cells[1], cells[2]), cells[6].to_owned())
+        })
+        .collect()
+}
+
+/// `compare.py --goals` on `rows` as in [`goal_column`]; its whole stdout.
+fn compare_goals(rows: &[(&str, &str, Vec<f64>, Vec<f64>)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let runs = rows[0].2.len();
     let mut sides = [Vec::new(), Vec::new()];
@@ -59,16 +73,7 @@ fn goal_column(rows: &[(&str, &str, Vec<f64>, Vec<f64>)]) -> Vec<(String, String
             sides[s].push(path.to_str().unwrap().to_owned());
         }
     }
-    let stdout = compare(&["--goals".into(), sides[0].join(","), sides[1].join(",")]);
-    stdout
-        .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| config"))
-        .map(|l| {
-            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-            // ["", config, workload, burn, torch, ratio, goal, ""]
-            (format!("{} {}", cells[1], cells[2]), cells[6].to_owned())
-        })
-        .collect()
+    compare(&["--goals".into(), sides[0].join(","), sides[1].join(",")])
 }
 
 #[test]
@@ -96,12 +101,16 @@ fn each_goal_is_marked_by_its_pairs_and_their_median() {
     let expected = [
         (
             "1m train_step",
-            ">= 1.5x: met by the median, in 2 of 3 pairs; floor 1.0x: met in every pair",
+            ">= 1.5x: met by the median, in 2 of 3 pairs (sign test p = 0.5); \
+             floor 1.0x: met in every pair (sign test p = 0.125)",
         ),
-        ("25m forward", ">= 1.0x: met in every pair"),
+        (
+            "25m forward",
+            ">= 1.0x: met in every pair (sign test p = 0.125)",
+        ),
         (
             "25m train_step",
-            ">= 1.0x: **not met** (met in 1 of 3 pairs)",
+            ">= 1.0x: **not met** (met in 1 of 3 pairs; sign test p = 0.875)",
         ),
         ("smol-b8 forward", ""),
     ];
@@ -110,6 +119,41 @@ fn each_goal_is_marked_by_its_pairs_and_their_median() {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     assert_eq!(column, expected);
+}
+
+#[test]
+fn a_goal_is_shown_by_the_sign_test_from_enough_pairs() {
+    // Five pairs: all above 1.5x on the 1m step, four of five on 25m's.
+    let stdout = compare_goals(&[
+        ("1m", "train_step", vec![16_000.0; 5], vec![10_000.0; 5]),
+        (
+            "25m",
+            "train_step",
+            vec![1_100.0, 1_100.0, 1_100.0, 1_100.0, 900.0],
+            vec![1_000.0; 5],
+        ),
+    ]);
+    assert!(
+        stdout.contains(
+            "| >= 1.5x: met in every pair (sign test p = 0.0312); \
+             floor 1.0x: met in every pair (sign test p = 0.0312) |"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("| >= 1.0x: met by the median, in 4 of 5 pairs (sign test p = 0.188) |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("; 5 or more of the 5 pairs show it (p < 0.05)."),
+        "{stdout}"
+    );
+    // Three pairs cannot show a goal, whatever they hold.
+    let stdout = compare_goals(&[("1m", "forward", vec![2.0; 3], vec![1.0; 3])]);
+    assert!(
+        stdout.contains("; no count of 3 pairs can show it at p < 0.05 (five pairs can)."),
+        "{stdout}"
+    );
 }
 
 #[test]
