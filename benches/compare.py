@@ -214,8 +214,10 @@ def main() -> None:
         print(row + (f" {goal_cell(key, ratios)} |" if goals else ""))
     if goals and runs > 1:
         needed = pairs_needed(runs)
+        fewest = next(n for n in range(1, 64) if pairs_needed(n) is not None)
         shown = (f"{needed} or more of the {runs} pairs show it (p < {ALPHA})" if needed
-                 else f"no count of {runs} pairs can show it at p < {ALPHA} (five pairs can)")
+                 else f"no count of {runs} pairs can show it at p < {ALPHA} "
+                      f"({fewest} pairs can)")
         print(f"\nThe sign test (one-sided, exact) of a goal: p is the chance that at least "
               f"that many pairs reach it if each pair reached it with probability 1/2 (the "
               f"pairs' median ratio at the goal); {shown}.")

@@ -151,7 +151,7 @@ fn a_goal_is_shown_by_the_sign_test_from_enough_pairs() {
     // Three pairs cannot show a goal, whatever they hold.
     let stdout = compare_goals(&[("1m", "forward", vec![2.0; 3], vec![1.0; 3])]);
     assert!(
-        stdout.contains("; no count of 3 pairs can show it at p < 0.05 (five pairs can)."),
+        stdout.contains("; no count of 3 pairs can show it at p < 0.05 (5 pairs can)."),
         "{stdout}"
     );
 }
