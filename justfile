@@ -144,14 +144,15 @@ bench-vs-torch *ARGS: setup-torch models
             *) rest+=("$1"); shift ;;
         esac
     done
+    # One side's timing of $workload in $config, into target/bench/<side>-$out.
+    run_burn() { target/release/bench_json --configs "$config" --workloads "$workload" --out "target/bench/burn-$out" "${rest[@]}" > /dev/null; }
+    run_torch() { {{python}} benches/torch_bench.py --threads 2 --configs "$config" --workloads "$workload" --out "target/bench/torch-$out" "${rest[@]}"; }
     burn=() torch=()
     for i in $(seq 1 "$runs"); do
         parts_burn=() parts_torch=()
         for config in ${configs//,/ }; do
             for workload in ${workloads//,/ }; do
                 out="$i-$config-$workload.json"
-                run_burn() { target/release/bench_json --configs "$config" --workloads "$workload" --out "target/bench/burn-$out" "${rest[@]}" > /dev/null; }
-                run_torch() { {{python}} benches/torch_bench.py --threads 2 --configs "$config" --workloads "$workload" --out "target/bench/torch-$out" "${rest[@]}"; }
                 if [ $((i % 2)) -eq 1 ]; then
                     echo "== run $i of $runs, $config $workload: burn, then PyTorch"
                     run_burn; run_torch
