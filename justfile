@@ -201,6 +201,23 @@ bench-backends *ARGS:
     cargo run --release --locked -p mappa-benches --features ndarray --bin bench_json -- --backend ndarray --out target/bench/ndarray.json {{ARGS}} > /dev/null
     python3 benches/compare.py target/bench/flex.json target/bench/ndarray.json
 
+# The engine contract: vLLM's and SGLang's own request and response types exported as JSON Schemas, with the bounds they check after parsing and their verdicts on probe requests, into fixtures/engines/ENGINE-VERSION/ (fixtures/engines/export_contract.py); then the Rust contract test. Each engine is pinned and installed once into its own virtualenv under .venv-engines/ (about 10 GB each: their CUDA builds of torch import without a GPU). CI runs the test on the committed files, not this.
+engine-contract:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    for pin in vllm==0.33.0 sglang==0.5.23; do
+        name=${pin%%==*}
+        version=${pin##*==}
+        venv=.venv-engines/$name-$version
+        if ! "$venv/bin/python" -c "import $name" 2>/dev/null; then
+            echo "== installing $pin into $venv (once; about 10 GB)"
+            python3 -m venv "$venv"
+            "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$pin"
+        fi
+        "$venv/bin/python" -W ignore fixtures/engines/export_contract.py "$name" "fixtures/engines/$name-$version" 2> >(grep -v -i "warn" >&2)
+    done
+    cargo test --locked -p mappa-train --test engine_contract -- --nocapture
+
 # PyTorch 2.9.0 in `.venv-tch` (about 7 GB with its CUDA libraries): the libtorch that the `tch` feature (burn's LibTorch backend; its tch 0.22 is made for 2.9.0) builds and runs against, through `benches/with_libtorch.sh`.
 setup-tch:
     test -x {{tch_venv}}/bin/python || python3 -m venv {{tch_venv}}

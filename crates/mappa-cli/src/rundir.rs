@@ -49,6 +49,19 @@ pub fn lock_and_id(manifest: &Manifest) -> anyhow::Result<(Value, String)> {
     Ok((lock, id))
 }
 
+/// With `[rollout.engine]`: what serves there ([`mappa_train::engine::identify`]:
+/// the server, its version, the base model, the contract), recorded in the
+/// lock as `engine`, outside the run id as the machine is. Asked before
+/// anything is written; printed.
+fn note_engine(manifest: &Manifest, lock: &mut Value) -> anyhow::Result<()> {
+    if let Some(spec) = &manifest.rollout.engine {
+        let served = mappa_train::engine::identify(spec)?;
+        eprintln!("engine at {}: {served}", spec.url);
+        lock["engine"] = serde_json::to_value(&served)?;
+    }
+    Ok(())
+}
+
 /// Resolve, lock, and choose the run directory: `runs_dir/<name>-<id>`, or
 /// `resume` (whose lock must match).
 pub fn prepare(
@@ -56,7 +69,8 @@ pub fn prepare(
     resume: Option<&Path>,
     runs_dir: &Path,
 ) -> anyhow::Result<PathBuf> {
-    let (lock, id) = lock_and_id(manifest)?;
+    let (mut lock, id) = lock_and_id(manifest)?;
+    note_engine(manifest, &mut lock)?;
     if let Some(dir) = resume {
         let old: Value = std::fs::read_to_string(dir.join("manifest.lock.json"))
             .ok()
@@ -80,6 +94,14 @@ pub fn prepare(
         {
             eprintln!("{warning}");
         }
+        if old.get("engine") != lock.get("engine") {
+            eprintln!(
+                "warning: this run was started with another engine serving ({}); now {}: \
+                 its completions may differ from an uninterrupted run's",
+                old.get("engine").unwrap_or(&Value::Null),
+                lock.get("engine").unwrap_or(&Value::Null)
+            );
+        }
         return Ok(dir.to_path_buf());
     }
     let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
@@ -95,7 +117,8 @@ pub fn prepare_in(manifest: &Manifest, dir: &Path) -> anyhow::Result<PathBuf> {
             dir.display()
         );
     }
-    let (lock, _) = lock_and_id(manifest)?;
+    let (mut lock, _) = lock_and_id(manifest)?;
+    note_engine(manifest, &mut lock)?;
     write_lock(dir, &lock)?;
     Ok(dir.to_path_buf())
 }

@@ -1,9 +1,11 @@
-//! Engine rollouts over HTTP (`[rollout.engine]` against `mappa serve`):
-//! the run's records equal the in-process run's on the same seeds, the
-//! engine restarted mid-run changes nothing, adapters are hot-loaded after
-//! every update, and a stale adapter version is refused.
+//! Engine rollouts over HTTP (`[rollout.engine]` against `mappa serve`,
+//! speaking vLLM's API and SGLang's): the run's records equal the
+//! in-process run's on the same seeds, the engine restarted mid-run changes
+//! nothing, adapters are hot-loaded after every update, a stale adapter
+//! version is refused, and a reply from another model than the adapter
+//! asked for stops the run.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -21,12 +23,18 @@ struct Server {
 }
 
 impl Server {
-    /// Starts serving the tiny fixture model on `port` (0: any) and waits
-    /// for its address.
-    fn start(port: u16) -> (Self, String) {
+    /// Starts serving the tiny fixture model with `api`'s surface on `port`
+    /// (0: any) and waits for its address.
+    fn start(api: &str, port: u16) -> (Self, String) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mappa"))
             .current_dir(workspace())
-            .args(["serve", "fixtures/models/qwen3-tiny", "--port"])
+            .args([
+                "serve",
+                "fixtures/models/qwen3-tiny",
+                "--api",
+                api,
+                "--port",
+            ])
             .arg(port.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -95,8 +103,18 @@ fn records(run: &Path) -> (String, String) {
     )
 }
 
-#[test]
-fn engine_rollouts_equal_in_process_ones_through_a_restart_with_adapters_hot_loaded() {
+/// The `model` of a request for `adapter` in `api`'s API.
+fn model_field(api: &str, adapter: &str) -> String {
+    match api {
+        "sglang" => format!("qwen3-tiny:{adapter}"),
+        _ => adapter.to_string(),
+    }
+}
+
+/// An engine run of the fixture manifest against a `mappa serve` speaking
+/// `api`, restarted once its first update is loaded: records equal the
+/// in-process run's, every update hot-loaded, a stale version refused.
+fn engine_rollouts_equal_in_process_ones(api: &str) {
     let scratch = scratch();
     let in_process = scratch.path().join("in-process");
     succeeds(
@@ -107,7 +125,7 @@ fn engine_rollouts_equal_in_process_ones_through_a_restart_with_adapters_hot_loa
             .arg(&in_process),
     );
 
-    let (first, url) = Server::start(0);
+    let (first, url) = Server::start(api, 0);
     let port: u16 = url
         .rsplit(':')
         .next()
@@ -119,7 +137,9 @@ fn engine_rollouts_equal_in_process_ones_through_a_restart_with_adapters_hot_loa
     std::fs::create_dir_all(&engine_dir).unwrap();
     let manifest = manifest_with(
         &engine_dir,
-        &format!("[rollout.engine]\nurl = \"{url}\"\nconcurrency = 3\nretry_for_s = 120\n"),
+        &format!(
+            "[rollout.engine]\nkind = \"{api}\"\nurl = \"{url}\"\nconcurrency = 3\nretry_for_s = 120\n"
+        ),
     );
     let runs = scratch.path().join("engine");
     let mut run = mappa()
@@ -149,7 +169,7 @@ fn engine_rollouts_equal_in_process_ones_through_a_restart_with_adapters_hot_loa
     }
     let before = first.log();
     drop(first);
-    let (second, _) = Server::start(port);
+    let (second, _) = Server::start(api, port);
     let out = run.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -164,6 +184,15 @@ fn engine_rollouts_equal_in_process_ones_through_a_restart_with_adapters_hot_loa
     let (expected_metrics, expected_trajectories) = records(&run_dir(&in_process));
     assert_eq!(metrics, expected_metrics);
     assert_eq!(trajectories, expected_trajectories);
+
+    // What served is in the lock (outside the run id) and the report.
+    let lock: Value = serde_json::from_str(
+        &std::fs::read_to_string(engine_run.join("manifest.lock.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(lock["engine"]["api"], api);
+    assert_eq!(lock["engine"]["server"], "mappa serve");
+    assert_eq!(lock["engine"]["base_model"], "qwen3-tiny");
 
     // Each update was hot-loaded, and the previous version unloaded.
     let after = second.log();
@@ -200,26 +229,126 @@ fn engine_rollouts_equal_in_process_ones_through_a_restart_with_adapters_hot_loa
     // The adapter is what generates: the base answers the same request otherwise.
     let request = |model: &str| {
         json!({"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 6, "seed": 7,
-               "logprobs": 0, "return_tokens_as_token_ids": true})
+               "logprobs": 0, "return_token_ids": true})
     };
-    let adapted = post(&url, "completions", &request(current)).unwrap();
+    let adapted = post(&url, "completions", &request(&model_field(api, current))).unwrap();
     let base = post(&url, "completions", &request("qwen3-tiny")).unwrap();
-    assert_eq!(adapted["model"], current.as_str());
+    assert_eq!(adapted["model"], model_field(api, current).as_str());
     assert_ne!(
         adapted["choices"][0]["logprobs"]["token_logprobs"],
         base["choices"][0]["logprobs"]["token_logprobs"]
     );
     // The same request gives the same completion.
     assert_eq!(
-        post(&url, "completions", &request(current)).unwrap()["choices"],
+        post(&url, "completions", &request(&model_field(api, current))).unwrap()["choices"],
         adapted["choices"]
     );
 
-    // A stale version is refused.
+    // A stale version is refused: vLLM no longer has it (404); SGLang
+    // would load it again from its path, which the run deleted (400).
     let stale = current.replace("-v3", "-v2");
-    let (code, body) = post(&url, "completions", &request(&stale)).unwrap_err();
-    assert_eq!(code, 404, "{body}");
+    let (code, body) = post(&url, "completions", &request(&model_field(api, &stale))).unwrap_err();
+    assert_eq!(code, if api == "sglang" { 400 } else { 404 }, "{body}");
     assert!(body.contains(&stale), "{body}");
+}
+
+#[test]
+fn engine_rollouts_equal_in_process_ones_through_a_restart_with_vllms_api() {
+    engine_rollouts_equal_in_process_ones("vllm");
+}
+
+#[test]
+fn engine_rollouts_equal_in_process_ones_through_a_restart_with_sglangs_api() {
+    engine_rollouts_equal_in_process_ones("sglang");
+}
+
+/// A proxy on 127.0.0.1 in front of `upstream` that sends every completion
+/// to the base model, as a misrouting load balancer would: the engine
+/// answers truthfully as the base. Returns its base URL.
+fn misrouting_proxy(upstream: String) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let upstream = upstream.clone();
+            std::thread::spawn(move || forward(stream, &upstream));
+        }
+    });
+    url
+}
+
+fn forward(mut stream: std::net::TcpStream, upstream: &str) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let mut parts = line.split(' ');
+    let (method, path) = (
+        parts.next().unwrap().to_string(),
+        parts.next().unwrap().to_string(),
+    );
+    let mut length = 0;
+    loop {
+        let mut header = String::new();
+        reader.read_line(&mut header).unwrap();
+        if header == "\r\n" || header.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = header.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    let root = upstream.trim_end_matches("/v1");
+    let target = format!("{root}{path}");
+    let reply = if method == "GET" {
+        ureq::get(&target).call()
+    } else {
+        let mut body: Value = serde_json::from_slice(&body).unwrap();
+        if path.ends_with("/completions") {
+            body["model"] = json!("qwen3-tiny");
+        }
+        ureq::post(&target).send_json(body)
+    };
+    let (code, text) = match reply {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => (502, e.to_string()),
+    };
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+        text.len()
+    );
+}
+
+#[test]
+fn a_completion_from_another_model_than_the_adapter_asked_for_stops_the_run() {
+    let scratch = scratch();
+    let (_server, upstream) = Server::start("vllm", 0);
+    let url = misrouting_proxy(upstream);
+    let manifest = manifest_with(
+        scratch.path(),
+        &format!("[rollout.engine]\nurl = \"{url}\"\nretry_for_s = 30\n"),
+    );
+    let runs = scratch.path().join("runs");
+    let stderr = fails(
+        mappa()
+            .arg("run")
+            .arg(&manifest)
+            .arg("--runs-dir")
+            .arg(&runs),
+    );
+    assert!(
+        stderr.contains("answered as `qwen3-tiny`")
+            && stderr.contains("refusing a completion from another adapter version"),
+        "{stderr}"
+    );
+    // Nothing was trained on it.
+    let metrics = std::fs::read_to_string(run_dir(&runs).join("metrics.jsonl")).unwrap_or_default();
+    assert!(!metrics.contains("\"kind\":\"train\""), "{metrics}");
 }
 
 #[test]

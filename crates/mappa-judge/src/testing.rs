@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 /// A request as the handler sees it.
 #[derive(Debug, Clone)]
 pub struct Request {
+    /// The request line's path (`/v1/models`).
+    pub path: String,
     /// The JSON body (`model`, `messages`, ...).
     pub body: Value,
     /// Headers, with lower-case names.
@@ -86,6 +88,7 @@ fn handle(
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
+    let path = line.split(' ').nth(1).unwrap_or("").to_string();
     let mut headers = BTreeMap::new();
     loop {
         line.clear();
@@ -103,6 +106,7 @@ fn handle(
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
     let request = Request {
+        path,
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         headers,
     };

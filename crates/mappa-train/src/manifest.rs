@@ -150,8 +150,8 @@ pub struct RolloutSpec {
     /// chain); nothing cuts prompts to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_prompt_tokens: Option<usize>,
-    /// How each request's sampler is seeded (none: `stream`, or `u64` with
-    /// an engine); see [`RequestSeeds`].
+    /// How each request's sampler is seeded (none: `stream`, or `engine`
+    /// with an engine); see [`RequestSeeds`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_seeds: Option<RequestSeeds>,
     /// Generate every rollout with an inference engine (vLLM's API) instead
@@ -161,11 +161,11 @@ pub struct RolloutSpec {
 }
 
 impl RolloutSpec {
-    /// How requests are seeded: as set, else `u64` with an engine (the
+    /// How requests are seeded: as set, else `engine` with an engine (the
     /// only way it can carry a seed) and `stream` without.
     pub fn request_seeds(&self) -> RequestSeeds {
         self.request_seeds.unwrap_or(match self.engine {
-            Some(_) => RequestSeeds::U64,
+            Some(_) => RequestSeeds::Engine,
             None => RequestSeeds::Stream,
         })
     }
@@ -617,12 +617,39 @@ impl Manifest {
                     .into(),
             );
         }
-        if self.rollout.request_seeds == Some(RequestSeeds::Stream) {
-            return Err(
-                "rollout.request_seeds = \"stream\": an engine takes a 64-bit seed per \
-                        request; use \"u64\" (the default with an engine)"
-                    .into(),
-            );
+        match self.rollout.request_seeds {
+            Some(RequestSeeds::Stream) => {
+                return Err(
+                    "rollout.request_seeds = \"stream\": an engine takes a seed per \
+                            request; use \"engine\" (the default with an engine)"
+                        .into(),
+                )
+            }
+            Some(RequestSeeds::U64) => {
+                return Err(
+                    "rollout.request_seeds = \"u64\": half of its seeds are above \
+                            2^63 - 1, which vLLM and SGLang refuse; use \"engine\" (the \
+                            default with an engine)"
+                        .into(),
+                )
+            }
+            Some(RequestSeeds::Engine) | None => {}
+        }
+        let r = &self.rollout;
+        for (table, temperature) in [("rollout", r.temperature), ("eval", self.eval.temperature)] {
+            let sampling = crate::engine::EngineSampling {
+                max_tokens: r.max_new_tokens,
+                temperature,
+                top_p: r.top_p,
+            };
+            engine.check_sampling(&sampling).map_err(|e| {
+                format!(
+                    "{table}.temperature = {temperature} (rollout.top_p = {}, \
+                     rollout.max_new_tokens = {}) with [rollout.engine] kind = \"{}\": the \
+                     engine refuses it: {e}",
+                    r.top_p, r.max_new_tokens, engine.kind
+                )
+            })?;
         }
         if self.warm_start.is_some() {
             return Err(
@@ -827,12 +854,14 @@ pub fn lock(manifest: &Manifest, resolved: Value, source_dir: &Path) -> Value {
 }
 
 /// The run id: the sha256 of the lock's canonical JSON without the machine
-/// record and the manifest's plan-only keys ([`results_relevant`]), so that
-/// the same experiment has the same id on every machine.
+/// record, the engine's (what served it, [`crate::engine::Served`]) and the
+/// manifest's plan-only keys ([`results_relevant`]), so that the same
+/// experiment has the same id on every machine.
 pub fn run_id(lock: &Value) -> String {
     let mut lock = lock.clone();
     if let Some(object) = lock.as_object_mut() {
         object.remove("machine");
+        object.remove("engine");
         if let Some(manifest) = object.get_mut("manifest") {
             *manifest = results_relevant(manifest);
         }
@@ -843,7 +872,8 @@ pub fn run_id(lock: &Value) -> String {
 /// A locked manifest without the keys that only feed the memory plan
 /// (`devices`, except how many devices each data-parallel agent's update
 /// spans; `rollout.max_prompt_tokens`, `models.*.plan_config`), reach
-/// the engine (`rollout.engine.*`, kept as an empty table) or trade memory
+/// the engine (`rollout.engine.*` but its `kind`: each engine samples its
+/// own way) or trade memory
 /// for compute with the same bits (`train.recompute_layers`): they change
 /// no result, so they change neither the run id nor whether a run
 /// may be resumed.
@@ -869,9 +899,12 @@ pub fn results_relevant(manifest: &Value) -> Value {
         }
         if let Some(rollout) = m.get_mut("rollout").and_then(Value::as_object_mut) {
             rollout.remove("max_prompt_tokens");
-            // That an engine generates matters; where it listens does not.
+            // That an engine generates, and which, matters; where it
+            // listens does not. (Engine runs before `kind` existed locked
+            // `{}`: their seeds were drawn otherwise, so their ids differ.)
             if let Some(engine) = rollout.get_mut("engine") {
-                *engine = json!({});
+                let kind = engine.get("kind").cloned().unwrap_or(json!("vllm"));
+                *engine = json!({ "kind": kind });
             }
         }
         if let Some(train) = m.get_mut("train").and_then(Value::as_object_mut) {
@@ -907,11 +940,17 @@ mod tests {
     #[test]
     fn where_the_engine_listens_is_not_results_relevant_but_whether_there_is_one_is() {
         let lock = |engine: Value| json!({"manifest": {"seed": 1, "rollout": {"steps": 2, "engine": engine}}});
-        let a = lock(json!({"url": "http://127.0.0.1:8000/v1", "concurrency": 8}));
-        let b = lock(json!({"url": "http://10.0.0.2:9000/v1", "concurrency": 2}));
+        let a = lock(json!({"kind": "vllm", "url": "http://127.0.0.1:8000/v1", "concurrency": 8}));
+        let b = lock(json!({"kind": "vllm", "url": "http://10.0.0.2:9000/v1", "concurrency": 2}));
+        let c =
+            lock(json!({"kind": "sglang", "url": "http://127.0.0.1:8000/v1", "concurrency": 8}));
         assert_eq!(
             results_relevant(&a["manifest"]),
             results_relevant(&b["manifest"])
+        );
+        assert_ne!(
+            results_relevant(&a["manifest"]),
+            results_relevant(&c["manifest"])
         );
         let mut none = a.clone();
         none["manifest"]["rollout"]

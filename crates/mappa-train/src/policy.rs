@@ -20,10 +20,16 @@ pub enum RequestSeeds {
     /// The request's named stream itself (the default).
     #[default]
     Stream,
-    /// A stream seeded by 64 bits drawn from the request's named stream
-    /// ([`crate::engine::request_seed`]): what an inference engine's `seed`
-    /// field can carry. Rollouts by an engine always use it; set it for an
-    /// in-process run to compare with one.
+    /// A stream seeded by a non-negative signed 64-bit seed drawn from the
+    /// request's named stream ([`crate::engine::request_seed`]): what vLLM's
+    /// and SGLang's `seed` field takes. Rollouts by an engine always use it;
+    /// set it for an in-process run to compare with one.
+    Engine,
+    /// A stream seeded by all 64 bits drawn from the request's named stream
+    /// ([`crate::engine::request_seed_u64`]): how engine-style seeds were
+    /// drawn before they were bounded to what engines accept (half of them
+    /// are above `i64::MAX`, which vLLM and SGLang refuse). Kept so that
+    /// in-process runs made with it replay; refused with an engine.
     U64,
 }
 
@@ -122,8 +128,11 @@ where
             .iter()
             .map(|r| match self.request_seeds {
                 RequestSeeds::Stream => self.seeds.stream(&r.stream),
-                RequestSeeds::U64 => {
+                RequestSeeds::Engine => {
                     RngStream::from_u64(crate::engine::request_seed(&self.seeds, &r.stream))
+                }
+                RequestSeeds::U64 => {
+                    RngStream::from_u64(crate::engine::request_seed_u64(&self.seeds, &r.stream))
                 }
             })
             .collect();

@@ -222,7 +222,7 @@ where
         };
         std::fs::create_dir_all(&dir.root).map_err(|e| TrainError::io(&dir.root, e))?;
         let engine = match &manifest.rollout.engine {
-            Some(spec) => Some(Engine::new(
+            Some(spec) => Some(Engine::connect(
                 spec,
                 &dir.engine_adapters(),
                 &engine_prefix(&dir.root)?,

@@ -1,0 +1,279 @@
+//! The engine contract: each engine's own definitions of the requests
+//! mappa sends and the replies it reads, as JSON Schemas exported from the
+//! pinned engine's classes by `just engine-contract`
+//! (`fixtures/engines/export_contract.py`) and committed under
+//! `fixtures/engines/<engine>-<version>/`. They are embedded here, so
+//! that:
+//! - a manifest with `[rollout.engine]` is checked against the engine it
+//!   names before anything runs ([`crate::manifest`]);
+//! - `mappa serve` refuses what the engine refuses, naming the field, and
+//!   knows the engine's defaults for the fields it does not implement;
+//! - the contract test (`tests/engine_contract.rs`) validates the bodies
+//!   the client builds, and parses replies built from the engines' own
+//!   response classes.
+//!
+//! A request is checked against the engine's pydantic schema and the
+//! bounds the engine checks after parsing (`sampling_checks.schema.json`,
+//! each confirmed against the engine's code when exported). Bumping an
+//! engine's pin: change it in the justfile's `engine-contract` recipe, run
+//! it, and point [`contract`] at the new folder.
+
+use std::sync::OnceLock;
+
+use jsonschema::Validator;
+use serde_json::{Map, Value};
+
+use super::protocol::EngineKind;
+
+/// A message of the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Message {
+    /// `POST /v1/completions`'s body.
+    CompletionRequest,
+    /// Its reply.
+    CompletionResponse,
+    /// The adapter load request's body.
+    LoadAdapterRequest,
+    /// The adapter unload request's body.
+    UnloadAdapterRequest,
+}
+
+impl Message {
+    /// Every message.
+    pub const ALL: [Message; 4] = [
+        Message::CompletionRequest,
+        Message::CompletionResponse,
+        Message::LoadAdapterRequest,
+        Message::UnloadAdapterRequest,
+    ];
+
+    /// The message's file stem in the contract folder.
+    pub fn stem(self) -> &'static str {
+        match self {
+            Message::CompletionRequest => "completion_request",
+            Message::CompletionResponse => "completion_response",
+            Message::LoadAdapterRequest => "load_lora_adapter_request",
+            Message::UnloadAdapterRequest => "unload_lora_adapter_request",
+        }
+    }
+}
+
+/// One engine's contract, compiled.
+pub struct Contract {
+    /// The engine.
+    pub kind: EngineKind,
+    /// The engine's version the contract was exported from.
+    pub version: String,
+    /// The folder it was committed in, relative to the repository.
+    pub folder: String,
+    request_schema: Value,
+    defaults: Map<String, Value>,
+    validators: Vec<(Message, Validator)>,
+    checks: Validator,
+}
+
+/// The embedded files of one engine's contract.
+struct Files {
+    folder: &'static str,
+    engine: &'static str,
+    schemas: [&'static str; 4],
+    checks: &'static str,
+}
+
+macro_rules! contract_files {
+    ($folder:literal) => {
+        Files {
+            folder: concat!("fixtures/engines/", $folder),
+            engine: include_str!(concat!(
+                "../../../../fixtures/engines/",
+                $folder,
+                "/engine.json"
+            )),
+            schemas: [
+                include_str!(concat!(
+                    "../../../../fixtures/engines/",
+                    $folder,
+                    "/completion_request.schema.json"
+                )),
+                include_str!(concat!(
+                    "../../../../fixtures/engines/",
+                    $folder,
+                    "/completion_response.schema.json"
+                )),
+                include_str!(concat!(
+                    "../../../../fixtures/engines/",
+                    $folder,
+                    "/load_lora_adapter_request.schema.json"
+                )),
+                include_str!(concat!(
+                    "../../../../fixtures/engines/",
+                    $folder,
+                    "/unload_lora_adapter_request.schema.json"
+                )),
+            ],
+            checks: include_str!(concat!(
+                "../../../../fixtures/engines/",
+                $folder,
+                "/sampling_checks.schema.json"
+            )),
+        }
+    };
+}
+
+/// The contract of `kind`'s pinned version.
+pub fn contract(kind: EngineKind) -> &'static Contract {
+    static VLLM: OnceLock<Contract> = OnceLock::new();
+    static SGLANG: OnceLock<Contract> = OnceLock::new();
+    match kind {
+        EngineKind::Vllm => {
+            VLLM.get_or_init(|| Contract::compile(kind, contract_files!("vllm-0.33.0")))
+        }
+        EngineKind::Sglang => {
+            SGLANG.get_or_init(|| Contract::compile(kind, contract_files!("sglang-0.5.23")))
+        }
+    }
+}
+
+fn parse(folder: &str, text: &str) -> Value {
+    serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("{folder}: a committed contract file is not JSON: {e}"))
+}
+
+fn compile(folder: &str, schema: &Value) -> Validator {
+    jsonschema::draft202012::new(schema)
+        .unwrap_or_else(|e| panic!("{folder}: a committed schema does not compile: {e}"))
+}
+
+impl Contract {
+    fn compile(kind: EngineKind, files: Files) -> Self {
+        let folder = files.folder;
+        let engine = parse(folder, files.engine);
+        assert_eq!(
+            engine["engine"],
+            kind.key(),
+            "{folder}/engine.json names another engine"
+        );
+        let schemas: Vec<Value> = files.schemas.iter().map(|t| parse(folder, t)).collect();
+        let validators = Message::ALL
+            .iter()
+            .zip(&schemas)
+            .map(|(m, s)| (*m, compile(folder, s)))
+            .collect();
+        Contract {
+            kind,
+            version: engine["version"].as_str().unwrap_or("?").to_string(),
+            folder: folder.to_string(),
+            request_schema: schemas[0].clone(),
+            defaults: engine["sampling_defaults"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            validators,
+            checks: compile(folder, &parse(folder, files.checks)),
+        }
+    }
+
+    /// "vLLM 0.33.0".
+    pub fn name(&self) -> String {
+        format!("{} {}", self.kind.display(), self.version)
+    }
+
+    /// Checks `body` as `message`, naming the first field the engine's own
+    /// definitions refuse (a request also against the bounds the engine
+    /// checks after parsing).
+    pub fn check(&self, message: Message, body: &Value) -> Result<(), String> {
+        let validator = &self
+            .validators
+            .iter()
+            .find(|(m, _)| *m == message)
+            .expect("every message has a schema")
+            .1;
+        let mut errors = validator
+            .iter_errors(body)
+            .map(|e| describe(&e))
+            .collect::<Vec<_>>();
+        if message == Message::CompletionRequest {
+            errors.extend(self.checks.iter_errors(body).map(|e| describe(&e)));
+        }
+        match errors.first() {
+            None => Ok(()),
+            Some(first) => Err(format!("{first} ({}'s {})", self.name(), message.stem())),
+        }
+    }
+
+    /// The completion request's fields, each with the value the engine
+    /// takes when a request leaves it out (none: no default, e.g. a
+    /// required field or a generated id): the engine's sampling default
+    /// where it applies one to an unset field, else the schema's default.
+    pub fn request_fields(&self) -> Vec<(String, Option<Value>)> {
+        let properties = self.request_schema["properties"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        properties
+            .into_iter()
+            .map(|(name, property)| {
+                let default = self
+                    .defaults
+                    .get(&name)
+                    .cloned()
+                    .or_else(|| property.get("default").cloned());
+                (name, default)
+            })
+            .collect()
+    }
+}
+
+/// "'seed' = 9223372036854775808: not valid under any of ..." from a
+/// validation error, naming the field (the error's first path segment).
+fn describe(error: &jsonschema::ValidationError<'_>) -> String {
+    let path = error.instance_path().to_string();
+    let field = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    if field.is_empty() {
+        format!("the body: {error}")
+    } else {
+        format!("'{field}' ({path}): {error}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn both_contracts_compile_and_name_their_version() {
+        for kind in EngineKind::ALL {
+            let c = contract(kind);
+            assert_eq!(c.kind, kind);
+            assert!(c.folder.ends_with(&c.version), "{}", c.folder);
+            assert!(c.request_fields().iter().any(|(f, _)| f == "seed"));
+        }
+        assert_eq!(contract(EngineKind::Vllm).name(), "vLLM 0.33.0");
+    }
+
+    #[test]
+    fn a_seed_beyond_a_signed_64_bit_integer_is_refused_by_both_engines() {
+        for kind in EngineKind::ALL {
+            let c = contract(kind);
+            let body = |seed: Value| json!({"model": "m", "prompt": [1, 2], "seed": seed});
+            c.check(Message::CompletionRequest, &body(json!(i64::MAX)))
+                .unwrap();
+            let err = c
+                .check(Message::CompletionRequest, &body(json!(1u64 << 63)))
+                .unwrap_err();
+            assert!(err.starts_with("'seed'"), "{err}");
+            assert!(err.contains(&c.version), "{err}");
+        }
+    }
+
+    #[test]
+    fn engine_defaults_override_schema_nulls() {
+        let fields = contract(EngineKind::Vllm).request_fields();
+        let get = |f: &str| fields.iter().find(|(n, _)| n == f).unwrap().1.clone();
+        // vLLM's schema says null; the engine samples at 1.0 when unset.
+        assert_eq!(get("temperature"), Some(json!(1.0)));
+        assert_eq!(get("n"), Some(json!(1)));
+        assert_eq!(get("prompt"), Some(Value::Null));
+    }
+}
