@@ -193,6 +193,12 @@ fn engine_rollouts_equal_in_process_ones(api: &str) {
     assert_eq!(lock["engine"]["api"], api);
     assert_eq!(lock["engine"]["server"], "mappa serve");
     assert_eq!(lock["engine"]["base_model"], "qwen3-tiny");
+    let honoured = if api == "sglang" {
+        json!(true)
+    } else {
+        Value::Null
+    };
+    assert_eq!(lock["engine"]["seeds_honoured"], honoured);
 
     // Each update was hot-loaded, and the previous version unloaded.
     let after = second.log();

@@ -431,6 +431,13 @@ mod tests {
         let stopped = generate(&m, None, &prompt, &mut [RngStream::from_u64(0)], &config).unwrap();
         assert_eq!(stopped[0].finish, FinishReason::Eos);
         assert_eq!(stopped[0].token_ids, free[0].token_ids[..=first]);
+        // An EOS on the last token allowed ended the row; it was not cut
+        // (as vLLM and SGLang report it: "stop", not "length").
+        let mut at_cap = GenerationConfig::greedy(first + 1);
+        at_cap.eos_token_ids = vec![eos];
+        let ended = generate(&m, None, &prompt, &mut [RngStream::from_u64(0)], &at_cap).unwrap();
+        assert_eq!(ended[0].finish, FinishReason::Eos);
+        assert_eq!(ended[0].token_ids.len(), first + 1);
     }
 
     #[test]

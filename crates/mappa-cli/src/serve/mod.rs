@@ -227,9 +227,15 @@ impl Server {
         }
     }
 
-    /// vLLM's `/version` or SGLang's `/server_info`, naming mappa serve.
+    /// vLLM's `/version` or SGLang's `/server_info`, naming mappa serve
+    /// (which always honours request seeds, as SGLang does with
+    /// `--enable-deterministic-inference`).
     fn version(&self) -> Value {
-        json!({"version": env!("CARGO_PKG_VERSION"), "server": "mappa serve", "api": self.api.key()})
+        let mut info = json!({"version": env!("CARGO_PKG_VERSION"), "server": "mappa serve"});
+        if self.api == EngineKind::Sglang {
+            info["enable_deterministic_inference"] = json!(true);
+        }
+        info
     }
 
     fn models(&self) -> Value {
@@ -406,6 +412,29 @@ mod tests {
                 .contains("'return_tokens_as_token_ids'"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn chat_completions_render_the_template_and_refuse_what_they_cannot_honour() {
+        let mut server = server(EngineKind::Vllm);
+        let body = json!({"model": "qwen3-tiny", "messages": [{"role": "user", "content": "2+3?"}],
+                          "max_completion_tokens": 3, "seed": 1, "logprobs": true});
+        let (status, reply) = post(&mut server, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{reply}");
+        assert_eq!(reply["object"], "chat.completion");
+        let content = reply["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap();
+        assert_eq!(
+            content.len(),
+            reply["usage"]["completion_tokens"].as_u64().unwrap() as usize
+        );
+        assert!(content.len() <= 3);
+        let mut two = body.clone();
+        two["n"] = json!(2);
+        let (status, message) = post(&mut server, "/v1/chat/completions", &two);
+        assert_eq!(status, 400);
+        assert!(message.as_str().unwrap().contains("'n'"), "{message}");
     }
 
     #[test]

@@ -187,6 +187,12 @@ pub struct Served {
     pub base_model: String,
     /// The contract mappa's requests were checked against ("vLLM 0.33.0").
     pub contract: String,
+    /// Whether the server honours each request's seed, where it says
+    /// (SGLang's `enable_deterministic_inference`: without it SGLang
+    /// ignores seeds, and rollouts do not replay); none where seeds are
+    /// always honoured (vLLM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seeds_honoured: Option<bool>,
 }
 
 impl std::fmt::Display for Served {
@@ -351,12 +357,18 @@ impl Engine {
                 other.display()
             )));
         }
-        let version = self
+        let info = self
             .call_json(Endpoint::Version, None)
-            .map_err(|e| self.error("asking its version", e))?["version"]
-            .as_str()
-            .unwrap_or("unknown")
-            .to_string();
+            .map_err(|e| self.error("asking its version", e))?;
+        let version = info["version"].as_str().unwrap_or("unknown").to_string();
+        let seeds_honoured = info["enable_deterministic_inference"].as_bool();
+        if seeds_honoured == Some(false) {
+            eprintln!(
+                "warning: the engine at {} ignores request seeds (SGLang without \
+                 --enable-deterministic-inference): its rollouts will not replay",
+                self.base_url
+            );
+        }
         let contract = contract::contract(kind);
         if server == kind.key() && version != contract.version {
             eprintln!(
@@ -373,6 +385,7 @@ impl Engine {
             version,
             base_model: base["id"].as_str().unwrap_or("").to_string(),
             contract: contract.name(),
+            seeds_honoured,
         })
     }
 
@@ -824,7 +837,10 @@ mod tests {
                     r#"{"object": "list", "data": [{"id": "base", "owned_by": "sglang", "parent": null}]}"#,
                 )
             } else {
-                Reply::raw(200, r#"{"version": "0.5.23"}"#)
+                Reply::raw(
+                    200,
+                    r#"{"version": "0.5.23", "enable_deterministic_inference": false}"#,
+                )
             }
         });
         let err = identify(&spec(&url)).unwrap_err().to_string();
@@ -838,6 +854,7 @@ mod tests {
         );
         assert_eq!(served.base_model, "base");
         assert_eq!(served.contract, "SGLang 0.5.23");
+        assert_eq!(served.seeds_honoured, Some(false));
     }
 
     #[test]
