@@ -26,6 +26,11 @@ impl Server {
     /// Starts serving the tiny fixture model with `api`'s surface on `port`
     /// (0: any) and waits for its address.
     fn start(api: &str, port: u16) -> (Self, String) {
+        Self::start_with(api, port, &[])
+    }
+
+    /// The same, with more `mappa serve` arguments.
+    fn start_with(api: &str, port: u16, args: &[&str]) -> (Self, String) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mappa"))
             .current_dir(workspace())
             .args([
@@ -36,6 +41,7 @@ impl Server {
                 "--port",
             ])
             .arg(port.to_string())
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -266,6 +272,34 @@ fn engine_rollouts_equal_in_process_ones_through_a_restart_with_vllms_api() {
 #[test]
 fn engine_rollouts_equal_in_process_ones_through_a_restart_with_sglangs_api() {
     engine_rollouts_equal_in_process_ones("sglang");
+}
+
+#[test]
+fn resuming_against_another_server_warns() {
+    let scratch = scratch();
+    let (_first, url) = Server::start("vllm", 0);
+    let engine = |url: &str| format!("[rollout.engine]\nurl = \"{url}\"\n");
+    let runs = scratch.path().join("runs");
+    succeeds(
+        mappa()
+            .arg("run")
+            .arg(manifest_with(scratch.path(), &engine(&url)))
+            .args(["--max-steps", "1", "--runs-dir"])
+            .arg(&runs),
+    );
+    let (_second, other) = Server::start_with("vllm", 0, &["--served-model-name", "renamed"]);
+    let out = succeeds(
+        mappa()
+            .arg("run")
+            .arg(manifest_with(scratch.path(), &engine(&other)))
+            .arg("--resume")
+            .arg(run_dir(&runs)),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("started with another engine serving") && stderr.contains("renamed"),
+        "{stderr}"
+    );
 }
 
 /// A proxy on 127.0.0.1 in front of `upstream` that sends every completion

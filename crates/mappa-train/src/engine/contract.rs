@@ -224,15 +224,36 @@ impl Contract {
     }
 }
 
-/// "'seed' = 9223372036854775808: not valid under any of ..." from a
-/// validation error, naming the field (the error's first path segment).
+/// "'seed' (/seed): 9223372036854775808 is greater than the maximum of
+/// 9223372036854775807" from a validation error: the field (the error's
+/// first path segment), and why, read through `anyOf` branches (the
+/// `null` branch of an optional field left out).
 fn describe(error: &jsonschema::ValidationError<'_>) -> String {
     let path = error.instance_path().to_string();
     let field = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let mut why = reasons(error);
+    why.dedup();
+    let why = match why.len() {
+        0 => error.to_string(),
+        n if n > 3 => format!("{}; or {} more", why[..3].join("; or "), n - 3),
+        _ => why.join("; or "),
+    };
     if field.is_empty() {
-        format!("the body: {error}")
+        format!("the body: {why}")
     } else {
-        format!("'{field}' ({path}): {error}")
+        format!("'{field}' ({path}): {why}")
+    }
+}
+
+fn reasons(error: &jsonschema::ValidationError<'_>) -> Vec<String> {
+    match error.kind() {
+        jsonschema::error::ValidationErrorKind::AnyOf { context } => context
+            .iter()
+            .flatten()
+            .flat_map(|e| reasons(e))
+            .filter(|m| !m.ends_with("is not of type \"null\""))
+            .collect(),
+        _ => vec![error.to_string()],
     }
 }
 
@@ -263,6 +284,7 @@ mod tests {
                 .check(Message::CompletionRequest, &body(json!(1u64 << 63)))
                 .unwrap_err();
             assert!(err.starts_with("'seed'"), "{err}");
+            assert!(err.contains("maximum of 9223372036854775807"), "{err}");
             assert!(err.contains(&c.version), "{err}");
         }
     }
