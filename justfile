@@ -214,7 +214,8 @@ engine-contract:
             python3 -m venv "$venv"
             "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$pin"
         fi
-        "$venv/bin/python" -W ignore fixtures/engines/export_contract.py "$name" "fixtures/engines/$name-$version" 2> >(grep -v -i "warn" >&2)
+        # torch's glog-style lines (W1206 ...) and Python warnings are noise here; errors are not.
+        PYTHONWARNINGS=ignore "$venv/bin/python" fixtures/engines/export_contract.py "$name" "fixtures/engines/$name-$version" 2> >(grep -v -E '^[WI][0-9]{4} |Warning: |warnings\.warn\(' >&2)
     done
     cargo test --locked -p mappa-train --test engine_contract -- --nocapture
 

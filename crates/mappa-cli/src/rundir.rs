@@ -62,6 +62,35 @@ fn note_engine(manifest: &Manifest, lock: &mut Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// On resuming with an engine other than the one the run last had: a
+/// warning, and the new one appended to the lock's `engine_resumed` (the
+/// report names each).
+fn note_resumed_engine(dir: &Path, mut old: Value, lock: &Value) -> anyhow::Result<()> {
+    let Some(now) = lock.get("engine") else {
+        return Ok(());
+    };
+    let before = old["engine_resumed"]
+        .as_array()
+        .and_then(|a| a.last())
+        .or(old.get("engine"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    if &before == now {
+        return Ok(());
+    }
+    eprintln!(
+        "warning: this run was started with another engine serving ({before}); now {now}: \
+         its completions may differ from an uninterrupted run's"
+    );
+    let mut resumed = old["engine_resumed"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    resumed.push(now.clone());
+    old["engine_resumed"] = Value::Array(resumed);
+    write_lock(dir, &old)
+}
+
 /// Resolve, lock, and choose the run directory: `runs_dir/<name>-<id>`, or
 /// `resume` (whose lock must match).
 pub fn prepare(
@@ -94,14 +123,7 @@ pub fn prepare(
         {
             eprintln!("{warning}");
         }
-        if old.get("engine") != lock.get("engine") {
-            eprintln!(
-                "warning: this run was started with another engine serving ({}); now {}: \
-                 its completions may differ from an uninterrupted run's",
-                old.get("engine").unwrap_or(&Value::Null),
-                lock.get("engine").unwrap_or(&Value::Null)
-            );
-        }
+        note_resumed_engine(dir, old, &lock)?;
         return Ok(dir.to_path_buf());
     }
     let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));

@@ -41,6 +41,10 @@ impl Server {
                 "--port",
             ])
             .arg(port.to_string())
+            // The fixture model declares 256 positions; the run's prompts
+            // are longer (vLLM serves beyond the config with --max-model-len
+            // and VLLM_ALLOW_LONG_MAX_MODEL_LEN=1).
+            .args(["--max-model-len", "4096"])
             .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -300,6 +304,12 @@ fn resuming_against_another_server_warns() {
         stderr.contains("started with another engine serving") && stderr.contains("renamed"),
         "{stderr}"
     );
+    let lock: Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir(&runs).join("manifest.lock.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(lock["engine"]["base_model"], "qwen3-tiny");
+    assert_eq!(lock["engine_resumed"][0]["base_model"], "renamed");
 }
 
 /// A proxy on 127.0.0.1 in front of `upstream` that sends every completion

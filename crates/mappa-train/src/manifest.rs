@@ -862,6 +862,7 @@ pub fn run_id(lock: &Value) -> String {
     if let Some(object) = lock.as_object_mut() {
         object.remove("machine");
         object.remove("engine");
+        object.remove("engine_resumed");
         if let Some(manifest) = object.get_mut("manifest") {
             *manifest = results_relevant(manifest);
         }

@@ -59,7 +59,11 @@ fn manifest_accepts(kind: EngineKind, temperature: f64, eval: f64, top_p: f64, m
 
 /// Checks every request body a run could send with these values against
 /// the engine's definitions; every field sent must be one the engine
-/// declares (none silently ignored).
+/// declares (none silently ignored). The manifest's gate checks its
+/// sampling values against the same contract, so for them this shows that
+/// the gate covers every value a body takes from the manifest (both
+/// temperatures, top-p, the token limit); seeds, prompts and stop ids are
+/// not gated, and are checked here alone.
 #[allow(clippy::too_many_arguments)]
 fn check_run_requests(
     kind: EngineKind,

@@ -4,8 +4,8 @@
 
 use mappa_core::rng::RngStream;
 use mappa_model::{
-    generate, ChatMessage, ChatRequest, FinishReason, Generation, GenerationConfig, SamplingConfig,
-    Tokenizer,
+    generate, ChatMessage, ChatRequest, FinishReason, Generation, GenerationConfig, ModelError,
+    SamplingConfig, Tokenizer,
 };
 use mappa_train::engine::contract::{contract, Message};
 use mappa_train::engine::EngineKind;
@@ -62,24 +62,36 @@ fn field<'a>(body: &'a Value, fields: &'a [(String, Option<Value>)], key: &str) 
     }
 }
 
-/// Whether `value` is what the engine takes when the field is unset.
+/// Whether `value` is what the engine takes when the field is unset: null
+/// (unset), the default itself (numbers compared as numbers), or `false`
+/// for an optional flag whose default is null (off).
 fn is_default(value: &Value, default: Option<&Value>) -> bool {
-    let empty = |v: &Value| match v {
-        Value::Null => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        Value::String(s) => s.is_empty(),
-        _ => false,
-    };
     match (value, default) {
-        (v, _) if v.is_null() => true,
-        (v, Some(d)) if empty(v) && empty(d) => true,
+        (Value::Null, _) => true,
+        (Value::Bool(false), Some(Value::Null)) => true,
         (v, Some(d)) => match (v.as_f64(), d.as_f64()) {
             (Some(a), Some(b)) => a == b,
             _ => v == d,
         },
         (_, None) => false,
     }
+}
+
+/// `value` as an integer, as pydantic reads one (a float with no fraction
+/// too), naming `key` when it is not one.
+fn integer(key: &str, value: &Value) -> Result<Option<i64>, ApiError> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    let whole = value
+        .as_f64()
+        .filter(|f| f.fract() == 0.0 && f.abs() < 9.2e18)
+        .map(|f| f as i64);
+    value
+        .as_i64()
+        .or(whole)
+        .map(Some)
+        .ok_or_else(|| ApiError::bad(format!("'{key}' = {value}: expected an integer")))
 }
 
 impl Params {
@@ -105,9 +117,9 @@ impl Params {
                 Some(_) => {}
             }
         }
-        let int = |key: &str| field(body, &fields, key).as_i64();
+        let int = |key: &str| integer(key, field(body, &fields, key));
         let float = |key: &str| field(body, &fields, key).as_f64();
-        let logprobs = match int("logprobs") {
+        let logprobs = match int("logprobs")? {
             None => false,
             Some(0) => true,
             Some(n) => {
@@ -116,21 +128,27 @@ impl Params {
                 )))
             }
         };
-        let stop_token_ids = field(body, &fields, "stop_token_ids")
-            .as_array()
-            .map(|ids| {
-                ids.iter()
-                    .filter_map(|i| i.as_u64())
-                    .map(|i| i as u32)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let stop_token_ids = match field(body, &fields, "stop_token_ids").as_array() {
+            None => Vec::new(),
+            Some(ids) => ids
+                .iter()
+                .map(|id| {
+                    integer("stop_token_ids", id)?
+                        .and_then(|i| u32::try_from(i).ok())
+                        .ok_or_else(|| {
+                            ApiError::bad(format!(
+                                "'stop_token_ids': token id {id} is outside the vocabulary"
+                            ))
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+        };
         Ok(Params {
-            max_tokens: int("max_tokens").unwrap_or(16).max(1) as usize,
+            max_tokens: int("max_tokens")?.unwrap_or(16).max(1) as usize,
             temperature: float("temperature").unwrap_or(1.0),
             top_p: float("top_p").unwrap_or(1.0),
-            top_k: int("top_k").unwrap_or(0).max(0) as usize,
-            seed: int("seed"),
+            top_k: int("top_k")?.unwrap_or(0).max(0) as usize,
+            seed: int("seed")?,
             stop_token_ids,
             logprobs,
             return_token_ids: field(body, &fields, "return_token_ids").as_bool() == Some(true),
@@ -158,29 +176,44 @@ impl Server {
     }
 
     /// `POST /v1/chat/completions`: the same, from `messages` through the
-    /// checkpoint's chat template (not in the contract: fields that would
-    /// change sampling and that mappa serve does not implement are refused
-    /// by name).
+    /// checkpoint's chat template. Chat requests are not in the contract:
+    /// their sampling fields are held to the completion request's schema
+    /// and bounds (the engines share them), the chat-only fields mappa
+    /// serve reads are `messages`, `max_completion_tokens` and `logprobs`
+    /// (a flag), and any other field that is not a completion field is
+    /// refused by name (the engine might honour it: a chat template's
+    /// arguments, tools).
     pub(super) fn chat(&mut self, body: &Value) -> Result<Answer, ApiError> {
-        refuse_unsupported_chat(body)?;
         let mut request = body.clone();
-        if let Some(max) = body.get("max_completion_tokens").filter(|v| !v.is_null()) {
-            request["max_tokens"] = max.clone();
+        let object = request
+            .as_object_mut()
+            .ok_or_else(|| ApiError::bad("the body: expected a JSON object"))?;
+        let max = object.remove("max_completion_tokens");
+        if let Some(max) = max.filter(|v| !v.is_null()) {
+            object.insert("max_tokens".into(), max);
         }
-        let logprobs = body["logprobs"].as_bool() == Some(true);
-        if let Some(object) = request.as_object_mut() {
-            for key in [
-                "messages",
-                "max_completion_tokens",
-                "logprobs",
-                "top_logprobs",
-                "stop",
-                "stream",
-                "n",
-            ] {
-                object.remove(key);
+        let logprobs = match object.remove("logprobs") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(v) => {
+                return Err(ApiError::bad(format!(
+                    "'logprobs' = {v}: expected true or false"
+                )))
             }
+        };
+        object.remove("messages");
+        let fields = contract(self.api).request_fields();
+        if let Some(key) = object.keys().find(|k| !fields.iter().any(|(f, _)| f == *k)) {
+            return Err(ApiError::bad(format!(
+                "'{key}': mappa serve does not implement it in chat completions"
+            )));
         }
+        // The completion schema needs a prompt; the template makes it.
+        let mut checked = request.clone();
+        checked["prompt"] = json!([0]);
+        contract(self.api)
+            .check(Message::CompletionRequest, &checked)
+            .map_err(ApiError::bad)?;
         let params = Params::read(self.api, &request)?;
         let prompt = self.chat_prompt(body)?;
         let (generation, served) = self.generate(&request, &prompt, &params)?;
@@ -250,13 +283,22 @@ impl Server {
                 "'prompt': token id {bad} is outside the vocabulary ({vocab} ids)"
             )));
         }
+        let context = self.max_model_len;
+        if prompt.len() + params.max_tokens > context {
+            return Err(ApiError::bad(format!(
+                "'max_tokens' = {}: the served context is {context} tokens (--max-model-len), \
+                 and the prompt has {} (prompt + max_tokens must fit, as the engines require)",
+                params.max_tokens,
+                prompt.len()
+            )));
+        }
+        let (adapter, served) = self.resolve(body)?;
         self.requests += 1;
         let mut rng = match params.seed {
             // Two's complement: each signed seed its own stream.
             Some(seed) => RngStream::from_u64(seed as u64),
             None => self.seeds.stream(&format!("request-{}", self.requests)),
         };
-        let (adapter, served) = self.resolve(body)?;
         let mut eos = self.base.tokenizer.eos_token_ids().to_vec();
         eos.extend(&params.stop_token_ids);
         let config = GenerationConfig {
@@ -277,7 +319,10 @@ impl Server {
             std::slice::from_mut(&mut rng),
             &config,
         )
-        .map_err(|e| ApiError(500, "InternalServerError", e.to_string()))?
+        .map_err(|e| match e {
+            ModelError::Input(m) => ApiError::bad(m),
+            other => ApiError(500, "InternalServerError", other.to_string()),
+        })?
         .pop()
         .expect("one generation per prompt");
         Ok((generation, served))
@@ -401,6 +446,9 @@ fn prompt_ids(prompt: &Value, tokenizer: &dyn Tokenizer) -> Result<Vec<u32>, Api
             }
             ids(list).ok_or_else(|| ApiError::bad("'prompt': expected token ids (integers)"))
         }
+        Value::Array(list) if list.is_empty() || list[0].as_array().is_some_and(Vec::is_empty) => {
+            Err(ApiError::bad("'prompt': the prompt is empty"))
+        }
         Value::Array(_) => Err(ApiError::bad(
             "'prompt': mappa serve takes one prompt per request",
         )),
@@ -408,33 +456,4 @@ fn prompt_ids(prompt: &Value, tokenizer: &dyn Tokenizer) -> Result<Vec<u32>, Api
             "'prompt': expected text or a list of token ids",
         )),
     }
-}
-
-/// Refuses, by name, chat request fields that would change sampling and
-/// that mappa serve does not implement (a value equal to the default is
-/// fine).
-fn refuse_unsupported_chat(body: &Value) -> Result<(), ApiError> {
-    let neutral: [(&str, Value); 4] = [
-        ("n", json!(1)),
-        ("stream", json!(false)),
-        ("top_logprobs", json!(0)),
-        ("stop", json!([])),
-    ];
-    for (key, default) in &neutral {
-        if let Some(v) = body.get(*key) {
-            if !is_default(v, Some(default)) {
-                return Err(ApiError::bad(format!(
-                    "'{key}' = {v}: mappa serve does not implement it (only {default})"
-                )));
-            }
-        }
-    }
-    for key in ["tools", "response_format", "logit_bias"] {
-        if !is_default(body.get(key).unwrap_or(&Value::Null), Some(&Value::Null)) {
-            return Err(ApiError::bad(format!(
-                "'{key}': mappa serve does not implement it"
-            )));
-        }
-    }
-    Ok(())
 }

@@ -16,8 +16,9 @@
 //! and both: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health`.
 //!
 //! A completion request is held to the engine's own definitions (the
-//! committed contract, `mappa_train::engine::contract`): what the engine
-//! refuses is refused with 400, naming the field, and a field of the
+//! committed contract, `mappa_train::engine::contract`): what its schemas
+//! and probed bounds refuse is refused with 400, naming the field, as is a
+//! prompt plus `max_tokens` beyond the served context; a field of the
 //! engine's schema that mappa serve does not implement is refused unless
 //! it holds the engine's default (the engine would honour it, and ignoring
 //! it would change results). Fields outside the schema are ignored with a
@@ -61,6 +62,12 @@ pub struct ServeArgs {
     /// The name the base model is served as (default: the directory's name).
     #[arg(long)]
     pub served_model_name: Option<String>,
+    /// The longest prompt plus completion served, in tokens (vLLM's
+    /// `--max-model-len`, SGLang's `--context-length`; default: the
+    /// checkpoint's `max_position_embeddings`). A request beyond it is
+    /// refused, as the engines refuse it.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
     /// Seed of the streams of requests that bring no `seed`.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -132,6 +139,8 @@ struct Server {
     seen: BTreeMap<String, PathBuf>,
     seeds: SeedTree,
     requests: u64,
+    /// The longest prompt plus completion served.
+    max_model_len: usize,
 }
 
 /// Serves until the process is stopped.
@@ -155,6 +164,9 @@ pub fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         args.api.display()
     );
     let mut server = Server::new(args.api, name, args.model.clone(), base, args.seed);
+    if let Some(len) = args.max_model_len {
+        server.max_model_len = len;
+    }
     for mut request in listener.incoming_requests() {
         let mut body = String::new();
         let answer = match request.as_reader().read_to_string(&mut body) {
@@ -185,7 +197,9 @@ fn dir_name(path: &Path) -> String {
 
 impl Server {
     fn new(api: EngineKind, name: String, root: PathBuf, base: Checkpoint<Cpu>, seed: u64) -> Self {
+        let max_model_len = base.model.config().max_position_embeddings;
         Server {
+            max_model_len,
             api,
             name,
             root,
@@ -435,6 +449,77 @@ mod tests {
         let (status, message) = post(&mut server, "/v1/chat/completions", &two);
         assert_eq!(status, 400);
         assert!(message.as_str().unwrap().contains("'n'"), "{message}");
+    }
+
+    #[test]
+    fn integers_written_as_floats_are_read_and_bad_values_named_not_dropped() {
+        let mut server = server(EngineKind::Vllm);
+        let ask = |server: &mut Server, extra: Value| {
+            let mut body = json!({"prompt": [5, 6], "max_tokens": 4, "seed": 3,
+                                  "logprobs": 0, "return_token_ids": true});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            post(server, "/v1/completions", &body)
+        };
+        let (_, plain) = ask(&mut server, json!({}));
+        let (_, floats) = ask(&mut server, json!({"max_tokens": 4.0, "seed": 3.0}));
+        assert_eq!(
+            plain["choices"][0]["token_ids"],
+            floats["choices"][0]["token_ids"]
+        );
+        for (extra, field) in [
+            (json!({"max_tokens": 1_000_000_000_000u64}), "'max_tokens'"),
+            (json!({"max_tokens": 2.5}), "'max_tokens'"),
+            (
+                json!({"stop_token_ids": [4_294_967_301u64]}),
+                "'stop_token_ids'",
+            ),
+            (json!({"stop_token_ids": [-1]}), "'stop_token_ids'"),
+            (json!({"prompt": []}), "'prompt'"),
+        ] {
+            let (status, message) = ask(&mut server, extra.clone());
+            assert_eq!(status, 400, "{extra}: {message}");
+            assert!(
+                message.as_str().unwrap().contains(field),
+                "{extra}: {message}"
+            );
+        }
+        // vLLM's factory default and an unset flag's false are defaults.
+        let (status, reply) = ask(
+            &mut server,
+            json!({"bad_words": [], "return_tokens_as_token_ids": false}),
+        );
+        assert_eq!(status, 200, "{reply}");
+    }
+
+    #[test]
+    fn chat_requests_are_held_to_the_completion_bounds_and_unknown_fields_named() {
+        let mut server = server(EngineKind::Vllm);
+        let chat = |extra: Value| {
+            let mut body =
+                json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            body
+        };
+        for (extra, field) in [
+            (json!({"temperature": -1}), "'temperature'"),
+            (json!({"top_p": 0}), "'top_p'"),
+            (json!({"max_tokens": "2"}), "'max_tokens'"),
+            (
+                json!({"chat_template_kwargs": {"enable_thinking": false}}),
+                "'chat_template_kwargs'",
+            ),
+        ] {
+            let (status, message) = post(&mut server, "/v1/chat/completions", &chat(extra.clone()));
+            assert_eq!(status, 400, "{extra}: {message}");
+            assert!(
+                message.as_str().unwrap().contains(field),
+                "{extra}: {message}"
+            );
+        }
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! that:
 //! - a manifest with `[rollout.engine]` is checked against the engine it
 //!   names before anything runs ([`crate::manifest`]);
-//! - `mappa serve` refuses what the engine refuses, naming the field, and
-//!   knows the engine's defaults for the fields it does not implement;
+//! - `mappa serve` refuses what these definitions refuse, naming the
+//!   field, and knows the engine's defaults for the fields it does not
+//!   implement;
 //! - the contract test (`tests/engine_contract.rs`) validates the bodies
 //!   the client builds, and parses replies built from the engines' own
 //!   response classes.
@@ -68,6 +69,7 @@ pub struct Contract {
     pub folder: String,
     request_schema: Value,
     defaults: Map<String, Value>,
+    factory_defaults: Map<String, Value>,
     validators: Vec<(Message, Validator)>,
     checks: Validator,
 }
@@ -168,6 +170,10 @@ impl Contract {
                 .as_object()
                 .cloned()
                 .unwrap_or_default(),
+            factory_defaults: engine["factory_defaults"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
             validators,
             checks: compile(folder, &parse(folder, files.checks)),
         }
@@ -204,7 +210,8 @@ impl Contract {
     /// The completion request's fields, each with the value the engine
     /// takes when a request leaves it out (none: no default, e.g. a
     /// required field or a generated id): the engine's sampling default
-    /// where it applies one to an unset field, else the schema's default.
+    /// where it applies one to an unset field, else the schema's default,
+    /// else the one its factory makes.
     pub fn request_fields(&self) -> Vec<(String, Option<Value>)> {
         let properties = self.request_schema["properties"]
             .as_object()
@@ -217,7 +224,8 @@ impl Contract {
                     .defaults
                     .get(&name)
                     .cloned()
-                    .or_else(|| property.get("default").cloned());
+                    .or_else(|| property.get("default").cloned())
+                    .or_else(|| self.factory_defaults.get(&name).cloned());
                 (name, default)
             })
             .collect()
@@ -297,5 +305,9 @@ mod tests {
         assert_eq!(get("temperature"), Some(json!(1.0)));
         assert_eq!(get("n"), Some(json!(1)));
         assert_eq!(get("prompt"), Some(Value::Null));
+        // A factory's default (pydantic's schema leaves it out).
+        assert_eq!(get("bad_words"), Some(json!([])));
+        // A generated id has none.
+        assert_eq!(get("request_id"), None);
     }
 }

@@ -21,7 +21,9 @@
 //!   `retry_for_s`. Each request carries its own seed, so a repeated
 //!   request gives the same completion and a restart changes no result.
 //! - After an update: the new version is loaded, then the old one unloaded
-//!   (so a request for a stale version fails) and its files deleted.
+//!   and its files deleted, so a request for a stale version fails (vLLM
+//!   no longer has it; SGLang would load an unloaded adapter again from
+//!   its path, which is gone).
 //!
 //! The completion's text is decoded by the trainer's tokenizer from the ids,
 //! as the in-process policy does, so that text and ids cannot disagree.
@@ -222,8 +224,9 @@ pub fn identify(spec: &EngineSpec) -> Result<Served, TrainError> {
 enum Failure {
     /// The engine is unreachable, restarting or overloaded: try again.
     Transient(String),
-    /// The engine does not have the adapter named (404 from vLLM, 400
-    /// "never been loaded" from SGLang).
+    /// 404 from any endpoint, or a completion's "adapter not loaded"
+    /// (SGLang's 400 "never been loaded"): for a completion, the engine
+    /// does not have the adapter named.
     NotFound(String),
     /// Anything else: the request itself is wrong.
     Fatal(String),
