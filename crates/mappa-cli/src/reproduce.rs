@@ -13,7 +13,7 @@ use mappa_train::manifest::Manifest;
 use mappa_train::run::{load_tasks, RunOptions};
 
 use crate::ablate::default_jobs;
-use crate::rundir::{backend_available, execute, feature_name, prepare, repo_root};
+use crate::rundir::{backend_available, check_backend, execute, feature_name, prepare, repo_root};
 use crate::study::Profile;
 
 /// Arguments of `mappa reproduce`.
@@ -102,6 +102,11 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
                 "build with `cargo build --release -p mappa-cli --features {}` on a machine with the GPU",
                 feature_name(manifest.backend)
             ),
+        ));
+    } else if let Err(why) = check_backend(manifest.backend) {
+        out.push((
+            format!("the {} backend's device", feature_name(manifest.backend)),
+            why.to_string(),
         ));
     }
     let mut roles_by_path: std::collections::BTreeMap<&Path, Vec<&str>> =

@@ -15,7 +15,7 @@ use mappa_train::manifest::Manifest;
 use mappa_train::records::MetricsLine;
 use mappa_train::run::RunOptions;
 
-use crate::rundir::{check_memory, execute, prepare, prepare_in};
+use crate::rundir::{check_backend, check_memory, execute, prepare, prepare_in};
 
 /// Arguments of `mappa run`.
 #[derive(Args, Debug)]
@@ -52,6 +52,7 @@ fn parse_mode(s: &str) -> Result<CacheMode, String> {
 /// Runs `mappa run`.
 pub fn run_manifest(args: &RunArgs) -> anyhow::Result<()> {
     let manifest = Manifest::load(&args.manifest)?;
+    check_backend(manifest.backend)?;
     check_memory(&manifest)?;
     let run_dir = match &args.run_dir {
         Some(dir) => prepare_in(&manifest, dir)?,

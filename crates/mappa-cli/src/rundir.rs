@@ -29,6 +29,24 @@ pub fn backend_available(kind: BackendKind) -> bool {
     }
 }
 
+/// Checks, before anything is written, that `kind` is built into this
+/// binary and that its device can be used here (for CUDA: the driver and
+/// NVRTC load and the driver sees a device), naming what is missing.
+pub fn check_backend(kind: BackendKind) -> anyhow::Result<()> {
+    if !backend_available(kind) {
+        bail!(
+            "backend {0}: this binary was built without it; build with `cargo build --release -p mappa-cli --features {0}`",
+            feature_name(kind)
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if kind == BackendKind::Cuda {
+        let found = mappa_model::device::check_cuda()?;
+        eprintln!("backend cuda: {found}");
+    }
+    Ok(())
+}
+
 /// The cargo feature (and manifest name) of a backend.
 pub fn feature_name(kind: BackendKind) -> &'static str {
     match kind {
@@ -185,12 +203,7 @@ pub fn check_memory(manifest: &Manifest) -> anyhow::Result<()> {
 
 /// Train the manifest in `run_dir` on its backend and say how it ended.
 pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> anyhow::Result<()> {
-    if !backend_available(manifest.backend) {
-        bail!(
-            "backend {0}: this binary was built without it; build with `cargo build --release -p mappa-cli --features {0}`",
-            feature_name(manifest.backend)
-        );
-    }
+    check_backend(manifest.backend)?;
     eprintln!("run directory: {}", run_dir.display());
     let end: RunEnd = match manifest.backend {
         BackendKind::Cpu => run::<Autodiff<mappa_model::backend::Cpu>>(

@@ -51,6 +51,7 @@ pub mod cache;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod generate;
 pub mod gguf;
