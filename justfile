@@ -270,9 +270,9 @@ bench-tch *ARGS: setup-torch setup-tch
 check-gpu:
     cargo check --locked -p mappa-model -p mappa-benches -p mappa-cli --features wgpu,cuda --target-dir target/gpu-check
 
-# On a machine without an NVIDIA driver: a `cuda` build (about 12 minutes cold, into target/cuda) run with `backend = "cuda"` must stop with an error naming the libraries it searched, exit 1 and write nothing (crates/mappa-cli/tests/device.rs).
+# On a machine without a GPU: a `cuda` and `wgpu` build (about 25 minutes cold on 2 cores, into target/cuda) run with `backend = "cuda"` or `"wgpu"` must stop with an error naming what it searched, exit 1 and write nothing (crates/mappa-cli/tests/device.rs).
 check-no-gpu:
-    cargo test --locked -p mappa-cli --features cuda --target-dir target/cuda --test device -- --nocapture
+    cargo test --locked -p mappa-cli --features cuda,wgpu --target-dir target/cuda --test device -- --nocapture
 
 # The HF and LoRA parity tests on the CUDA backend (needs an NVIDIA GPU and driver).
 parity-cuda:

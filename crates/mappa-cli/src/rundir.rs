@@ -44,6 +44,11 @@ pub fn check_backend(kind: BackendKind) -> anyhow::Result<()> {
         let found = mappa_model::device::check_cuda()?;
         eprintln!("backend cuda: {found}");
     }
+    #[cfg(feature = "wgpu")]
+    if kind == BackendKind::Wgpu {
+        let found = mappa_model::device::check_wgpu()?;
+        eprintln!("backend wgpu: {found}");
+    }
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! Whether a backend's device can be used on this machine, asked before any
-//! work is done: a missing CUDA driver or NVRTC is an error that names the
-//! libraries searched and what to install, not a panic in a device thread
-//! (cudarc loads both at run time and panics when it cannot; cubecl then
-//! fails on its closed channel).
+//! work is done: a missing CUDA driver or NVRTC, or no wgpu adapter, is an
+//! error that names what was searched and what to install, not a panic in
+//! a device thread (cudarc loads CUDA's libraries at run time and panics
+//! when it cannot, cubecl-wgpu panics without an adapter; cubecl then fails
+//! on its closed channel).
 
 /// A backend's device that cannot be used here, and why.
 #[derive(Debug, thiserror::Error)]
@@ -80,4 +81,53 @@ pub fn check_cuda() -> Result<String, DeviceError> {
         devices.len(),
         devices.join(", ")
     ))
+}
+
+/// Checks that wgpu finds an adapter for the graphics API burn's `wgpu`
+/// backend asks for here (Metal on macOS, Vulkan elsewhere), as cubecl
+/// looks for one. Returns the adapters found.
+#[cfg(feature = "wgpu")]
+pub fn check_wgpu() -> Result<String, DeviceError> {
+    let (backend, name) = if cfg!(target_os = "macos") {
+        (wgpu::Backends::METAL, "Metal")
+    } else {
+        (wgpu::Backends::VULKAN, "Vulkan")
+    };
+    let mut descriptor = wgpu::InstanceDescriptor::new_without_display_handle();
+    descriptor.backends = backend;
+    let instance = wgpu::Instance::new(descriptor);
+    let adapters = block_on(instance.enumerate_adapters(backend));
+    if adapters.is_empty() {
+        return Err(DeviceError(format!(
+            "backend wgpu: no {name} adapter found; install a {name} driver (an NVIDIA or AMD \
+             GPU's driver with its Vulkan ICD, or Debian's mesa-vulkan-drivers for a slow CPU \
+             one), or run with backend = \"cuda\" or \"cpu\""
+        )));
+    }
+    let names: Vec<String> = adapters
+        .iter()
+        .map(|a| {
+            let info = a.get_info();
+            format!("{} ({:?})", info.name, info.device_type)
+        })
+        .collect();
+    Ok(format!(
+        "{} {name} adapter(s): {}",
+        names.len(),
+        names.join(", ")
+    ))
+}
+
+/// Runs a future that completes without waiting (wgpu's native adapter
+/// enumeration) to its end.
+#[cfg(feature = "wgpu")]
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+    let mut future = std::pin::pin!(future);
+    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(value) = future.as_mut().poll(&mut context) {
+            return value;
+        }
+        std::thread::yield_now();
+    }
 }
