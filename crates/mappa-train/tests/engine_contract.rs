@@ -80,7 +80,7 @@ fn check_run_requests(
         return Ok(());
     }
     let c = contract(kind);
-    let declared: Vec<String> = c.request_fields().into_iter().map(|(f, _)| f).collect();
+    let declared: Vec<String> = c.request_fields().iter().map(|(f, _)| f.clone()).collect();
     for temperature in [temperature, eval] {
         let sampling = EngineSampling {
             max_tokens,

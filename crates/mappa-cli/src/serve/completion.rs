@@ -117,8 +117,8 @@ impl Params {
                 Some(_) => {}
             }
         }
-        let int = |key: &str| integer(key, field(body, &fields, key));
-        let float = |key: &str| field(body, &fields, key).as_f64();
+        let int = |key: &str| integer(key, field(body, fields, key));
+        let float = |key: &str| field(body, fields, key).as_f64();
         let logprobs = match int("logprobs")? {
             None => false,
             Some(0) => true,
@@ -128,7 +128,7 @@ impl Params {
                 )))
             }
         };
-        let stop_token_ids = match field(body, &fields, "stop_token_ids").as_array() {
+        let stop_token_ids = match field(body, fields, "stop_token_ids").as_array() {
             None => Vec::new(),
             Some(ids) => ids
                 .iter()
@@ -151,7 +151,7 @@ impl Params {
             seed: int("seed")?,
             stop_token_ids,
             logprobs,
-            return_token_ids: field(body, &fields, "return_token_ids").as_bool() == Some(true),
+            return_token_ids: field(body, fields, "return_token_ids").as_bool() == Some(true),
         })
     }
 }

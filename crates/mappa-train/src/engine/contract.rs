@@ -22,7 +22,7 @@
 use std::sync::OnceLock;
 
 use jsonschema::Validator;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::protocol::EngineKind;
 
@@ -67,9 +67,7 @@ pub struct Contract {
     pub version: String,
     /// The folder it was committed in, relative to the repository.
     pub folder: String,
-    request_schema: Value,
-    defaults: Map<String, Value>,
-    factory_defaults: Map<String, Value>,
+    request_fields: Vec<(String, Option<Value>)>,
     validators: Vec<(Message, Validator)>,
     checks: Validator,
 }
@@ -165,15 +163,7 @@ impl Contract {
             kind,
             version: engine["version"].as_str().unwrap_or("?").to_string(),
             folder: folder.to_string(),
-            request_schema: schemas[0].clone(),
-            defaults: engine["sampling_defaults"]
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
-            factory_defaults: engine["factory_defaults"]
-                .as_object()
-                .cloned()
-                .unwrap_or_default(),
+            request_fields: request_fields(&schemas[0], &engine),
             validators,
             checks: compile(folder, &parse(folder, files.checks)),
         }
@@ -212,24 +202,31 @@ impl Contract {
     /// required field or a generated id): the engine's sampling default
     /// where it applies one to an unset field, else the schema's default,
     /// else the one its factory makes.
-    pub fn request_fields(&self) -> Vec<(String, Option<Value>)> {
-        let properties = self.request_schema["properties"]
-            .as_object()
-            .cloned()
-            .unwrap_or_default();
-        properties
-            .into_iter()
-            .map(|(name, property)| {
-                let default = self
-                    .defaults
-                    .get(&name)
-                    .cloned()
-                    .or_else(|| property.get("default").cloned())
-                    .or_else(|| self.factory_defaults.get(&name).cloned());
-                (name, default)
-            })
-            .collect()
+    pub fn request_fields(&self) -> &[(String, Option<Value>)] {
+        &self.request_fields
     }
+}
+
+/// The completion request's fields and the value the engine takes for
+/// each when a request leaves it out (see [`Contract::request_fields`]).
+fn request_fields(schema: &Value, engine: &Value) -> Vec<(String, Option<Value>)> {
+    let defaults = |key: &str| engine[key].as_object().cloned().unwrap_or_default();
+    let (sampling, factory) = (defaults("sampling_defaults"), defaults("factory_defaults"));
+    let properties = schema["properties"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    properties
+        .into_iter()
+        .map(|(name, property)| {
+            let default = sampling
+                .get(&name)
+                .or_else(|| property.get("default"))
+                .or_else(|| factory.get(&name))
+                .cloned();
+            (name, default)
+        })
+        .collect()
 }
 
 /// "'seed' (/seed): 9223372036854775808 is greater than the maximum of
