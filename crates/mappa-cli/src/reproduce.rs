@@ -13,7 +13,7 @@ use mappa_train::manifest::Manifest;
 use mappa_train::run::{load_tasks, RunOptions};
 
 use crate::ablate::default_jobs;
-use crate::rundir::{backend_available, check_backend, execute, feature_name, prepare, repo_root};
+use crate::rundir::{backend_available, check_device, execute, feature_name, prepare, repo_root};
 use crate::study::Profile;
 
 /// Arguments of `mappa reproduce`.
@@ -103,7 +103,7 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
                 feature_name(manifest.backend)
             ),
         ));
-    } else if let Err(why) = check_backend(manifest.backend) {
+    } else if let Err(why) = check_device(manifest.backend) {
         out.push((
             format!("the {} backend's device", feature_name(manifest.backend)),
             why.to_string(),

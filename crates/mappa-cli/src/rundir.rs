@@ -30,24 +30,36 @@ pub fn backend_available(kind: BackendKind) -> bool {
 }
 
 /// Checks, before anything is written, that `kind` is built into this
-/// binary and that its device can be used here (for CUDA: the driver and
-/// NVRTC load and the driver sees a device), naming what is missing.
+/// binary and that its device can be used here, naming what is missing.
 pub fn check_backend(kind: BackendKind) -> anyhow::Result<()> {
+    check_built(kind)?;
+    check_device(kind)
+}
+
+/// That `kind` is built into this binary.
+fn check_built(kind: BackendKind) -> anyhow::Result<()> {
     if !backend_available(kind) {
         bail!(
             "backend {0}: this binary was built without it; build with `cargo build --release -p mappa-cli --features {0}`",
             feature_name(kind)
         );
     }
-    #[cfg(feature = "cuda")]
-    if kind == BackendKind::Cuda {
-        let found = mappa_model::device::check_cuda()?;
-        eprintln!("backend cuda: {found}");
-    }
-    #[cfg(feature = "wgpu")]
-    if kind == BackendKind::Wgpu {
-        let found = mappa_model::device::check_wgpu()?;
-        eprintln!("backend wgpu: {found}");
+    Ok(())
+}
+
+/// That the device of `kind` (built in) can be used here: for CUDA, the
+/// driver and NVRTC load and the driver sees a device; for wgpu, an
+/// adapter is found.
+pub fn check_device(kind: BackendKind) -> anyhow::Result<()> {
+    let found: Option<String> = match kind {
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => Some(mappa_model::device::check_cuda()?),
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => Some(mappa_model::device::check_wgpu()?),
+        _ => None,
+    };
+    if let Some(found) = found {
+        eprintln!("backend {}: {found}", feature_name(kind));
     }
     Ok(())
 }
@@ -207,8 +219,10 @@ pub fn check_memory(manifest: &Manifest) -> anyhow::Result<()> {
 }
 
 /// Train the manifest in `run_dir` on its backend and say how it ended.
+/// Its callers have checked the device before writing anything
+/// ([`check_backend`]).
 pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> anyhow::Result<()> {
-    check_backend(manifest.backend)?;
+    check_built(manifest.backend)?;
     eprintln!("run directory: {}", run_dir.display());
     let end: RunEnd = match manifest.backend {
         BackendKind::Cpu => run::<Autodiff<mappa_model::backend::Cpu>>(
