@@ -11,35 +11,31 @@ use std::process::Command;
 mod common;
 use common::*;
 
-/// Runs the tiny fixture run with `backend`: its exit code and stderr, and
-/// whether it wrote a run directory.
-fn run_with_backend(backend: &str) -> (Option<i32>, String, bool) {
+/// Runs the tiny fixture run with `backend` and checks that it stops with
+/// exit code 1 (a panic exits 101), an error holding each of `expected`,
+/// and no run directory written.
+fn stops_before_writing(backend: &str, expected: &[&str]) {
     let scratch = scratch();
-    let ws = workspace().canonicalize().unwrap();
-    let manifest = std::fs::read_to_string(ws.join("fixtures/manifests/tiny-arith.toml"))
-        .unwrap()
-        .replace("backend = \"cpu\"", &format!("backend = \"{backend}\""))
-        .replace(
-            "\"../../experiments",
-            &format!("\"{}/experiments", ws.display()),
-        )
-        .replace(
-            "\"../models",
-            &format!("\"{}/fixtures/models", ws.display()),
-        );
+    let manifest = fixture_manifest("tiny-arith")
+        .replace("backend = \"cpu\"", &format!("backend = \"{backend}\""));
     let path = scratch.path().join("gpu.toml");
     std::fs::write(&path, manifest).unwrap();
     let runs = scratch.path().join("runs");
     let out = Command::new(env!("CARGO_BIN_EXE_mappa"))
-        .current_dir(&ws)
+        .current_dir(workspace())
         .arg("run")
         .arg(&path)
         .arg("--runs-dir")
         .arg(&runs)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    (out.status.code(), stderr, runs.exists())
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for needle in expected {
+        assert!(stderr.contains(needle), "no {needle:?} in {stderr}");
+    }
+    assert!(!runs.exists(), "a run directory was written");
 }
 
 #[cfg(feature = "cuda")]
@@ -49,17 +45,7 @@ fn a_cuda_run_without_a_driver_stops_with_what_is_missing_before_writing() {
         eprintln!("note: CUDA is usable here ({found}): nothing to check");
         return;
     }
-    let (code, stderr, wrote) = run_with_backend("cuda");
-    // 1: an error; a panic exits 101.
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("backend cuda:")
-            && stderr.contains("libcuda.so")
-            && stderr.contains("LD_LIBRARY_PATH")
-            && !stderr.contains("panicked"),
-        "{stderr}"
-    );
-    assert!(!wrote, "a run directory was written");
+    stops_before_writing("cuda", &["backend cuda:", "libcuda.so", "LD_LIBRARY_PATH"]);
 }
 
 #[cfg(feature = "wgpu")]
@@ -69,13 +55,5 @@ fn a_wgpu_run_without_an_adapter_stops_with_what_is_missing_before_writing() {
         eprintln!("note: wgpu finds an adapter here ({found}): nothing to check");
         return;
     }
-    let (code, stderr, wrote) = run_with_backend("wgpu");
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(
-        stderr.contains("backend wgpu: no")
-            && stderr.contains("adapter")
-            && !stderr.contains("panicked"),
-        "{stderr}"
-    );
-    assert!(!wrote, "a run directory was written");
+    stops_before_writing("wgpu", &["backend wgpu: no", "adapter"]);
 }

@@ -90,18 +90,8 @@ fn post(url: &str, path: &str, body: &Value) -> Result<Value, (u16, String)> {
 
 /// The fixture manifest with absolute paths, plus `extra`.
 fn manifest_with(dir: &Path, extra: &str) -> PathBuf {
-    let ws = workspace().canonicalize().unwrap();
-    let text = std::fs::read_to_string(ws.join("fixtures/manifests/tiny-arith-lora.toml"))
-        .unwrap()
-        .replace(
-            "\"../../experiments",
-            &format!("\"{}/experiments", ws.display()),
-        )
-        .replace(
-            "\"../models",
-            &format!("\"{}/fixtures/models", ws.display()),
-        );
     let path = dir.join("manifest.toml");
+    let text = fixture_manifest("tiny-arith-lora");
     std::fs::write(&path, format!("{text}\n{extra}")).unwrap();
     path
 }

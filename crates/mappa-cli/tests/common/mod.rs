@@ -19,6 +19,22 @@ pub(crate) fn mappa() -> Command {
     cmd
 }
 
+/// The text of `fixtures/manifests/NAME.toml` with its relative paths made
+/// absolute, so that it can be written anywhere.
+pub(crate) fn fixture_manifest(name: &str) -> String {
+    let ws = workspace().canonicalize().unwrap();
+    std::fs::read_to_string(ws.join(format!("fixtures/manifests/{name}.toml")))
+        .unwrap()
+        .replace(
+            "\"../../experiments",
+            &format!("\"{}/experiments", ws.display()),
+        )
+        .replace(
+            "\"../models",
+            &format!("\"{}/fixtures/models", ws.display()),
+        )
+}
+
 /// A temporary directory the sandbox's run uid can traverse.
 pub(crate) fn scratch() -> tempfile::TempDir {
     mappa_env::sandbox::scratch_dir().unwrap()
