@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""PyTorch / HF-transformers CPU reference benchmark for the Rust-vs-PyTorch comparison.
+"""PyTorch / HF-transformers reference benchmark for the Rust-vs-PyTorch comparison.
 
-Builds randomly initialised Qwen3ForCausalLM models (float32, eager attention, no
-torch.compile) for the same two configs the Rust benchmark uses (1m, 25m; batch 8),
+Builds randomly initialised Qwen3ForCausalLM models (float32 by default, eager
+attention, no torch.compile) for the configs the Rust benchmark uses (1m, 25m;
+for GPUs also 135m and 500m: SmolLM2-135M's and Qwen2.5-0.5B's shapes; batch 8),
 and loads the real SmolLM2-135M-Instruct that `just models` converted (smol-b1 and
-smol-b8: batch 1 and 8), and times three workloads on CPU:
+smol-b8: batch 1 and 8), and times three workloads on the CPU, or on
+`--device cuda` (synchronised before each clock read) in `--dtype bf16` or f32:
 
   forward     batch B x seq 128, full logits, no KV cache      tokens/iter = B*128
   train_step  batch B x seq 128, forward+CE loss, backward,
@@ -20,6 +22,7 @@ Usage:
   .venv/bin/python benches/torch_bench.py [--threads 2] [--configs 1m,25m,smol-b1,smol-b8]
       [--smol-dir models/SmolLM2-135M-Instruct] [--out results.json] [--quick]
       [--workloads forward,train_step,generate] [--warmup N] [--iters N]
+      [--device cpu|cuda] [--dtype f32|bf16]
 
 The JSON written by --out is a list of records (one per config x workload) with
 the schema consumed by benches/compare.py. A readable summary goes to stderr.
@@ -55,6 +58,26 @@ CONFIGS = {
         num_key_value_heads=4,
         head_dim=64,
     ),
+    # SmolLM2-135M's shape (its config.json), with Qwen3 layers.
+    "135m": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+    ),
+    # Qwen2.5-0.5B's shape (its config.json), with Qwen3 layers.
+    "500m": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
 }
 
 # Settings shared by both configs.
@@ -86,7 +109,18 @@ DEFAULT_REPS = {
     "1m": {"forward": (2, 10), "train_step": (2, 10), "generate": (1, 5)},
     "25m": {"forward": (1, 5), "train_step": (1, 4), "generate": (1, 3)},
     "smol": {"forward": (1, 3), "train_step": (1, 3), "generate": (1, 3)},
+    "135m": {"forward": (1, 3), "train_step": (1, 3), "generate": (1, 3)},
+    "500m": {"forward": (1, 3), "train_step": (1, 3), "generate": (1, 3)},
 }
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
+
+# Set by main() from --device: every clock read waits for the GPU first.
+DEVICE = torch.device("cpu")
+
+
+def synchronize():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 QUICK_REPS = (1, 2)
 
 # Fixed seeds: model init and input token ids are deterministic across runs.
@@ -94,19 +128,21 @@ MODEL_SEED = 0
 DATA_SEED = 1234
 
 
-def build_model(name: str, smol_dir: str):
-    """Random-init float32 Qwen3 model with eager attention (seeded, so every
-    workload starts from identical weights), or the real model from smol_dir."""
+def build_model(name: str, smol_dir: str, dtype=torch.float32):
+    """Random-init Qwen3 model with eager attention (seeded, so every
+    workload starts from identical weights), or the real model from
+    smol_dir, in `dtype` on DEVICE."""
     if name in SMOL_BATCHES:
         model = AutoModelForCausalLM.from_pretrained(
-            smol_dir, attn_implementation="eager", dtype=torch.float32
+            smol_dir, attn_implementation="eager", dtype=dtype
         )
     else:
         config = Qwen3Config(**CONFIGS[name], **COMMON, use_cache=True)
         torch.manual_seed(MODEL_SEED)
         model = Qwen3ForCausalLM._from_config(
-            config, attn_implementation="eager", dtype=torch.float32
+            config, attn_implementation="eager", dtype=dtype
         )
+    model = model.to(DEVICE)
     # No EOS: generation must always produce exactly NEW_TOKENS tokens. In
     # transformers 5 passing eos_token_id=None to generate() does not override
     # the generation config, so clear it on the model itself.
@@ -122,7 +158,8 @@ def count_params(model: torch.nn.Module) -> int:
 
 def random_ids(vocab_size: int, batch: int, seq: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(DATA_SEED)
-    return torch.randint(0, vocab_size, (batch, seq), generator=gen, dtype=torch.long)
+    ids = torch.randint(0, vocab_size, (batch, seq), generator=gen, dtype=torch.long)
+    return ids.to(DEVICE)
 
 
 def time_loop(step, warmup: int, iters: int) -> list:
@@ -132,8 +169,10 @@ def time_loop(step, warmup: int, iters: int) -> list:
         step()
     times = []
     for _ in range(iters):
+        synchronize()
         t0 = time.perf_counter()
         step()
+        synchronize()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -199,7 +238,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=2, help="intra-op threads (default 2)")
     p.add_argument("--configs", default="1m,25m,smol-b1,smol-b8",
-                   help="comma-separated: 1m,25m,smol-b1,smol-b8")
+                   help="comma-separated: 1m,25m,135m,500m,smol-b1,smol-b8")
     p.add_argument("--smol-dir", default="models/SmolLM2-135M-Instruct",
                    help="the real model (`just models` installs it)")
     p.add_argument("--workloads", default=",".join(WORKLOADS),
@@ -209,6 +248,9 @@ def parse_args():
                    help=f"warmup {QUICK_REPS[0]}, iters {QUICK_REPS[1]} everywhere (smoke test)")
     p.add_argument("--warmup", type=int, help="override warmup iterations for all workloads")
     p.add_argument("--iters", type=int, help="override timed iterations for all workloads")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--dtype", default="f32", choices=sorted(DTYPES),
+                   help="the weights' and activations' dtype (default f32, as mappa trains)")
     args = p.parse_args()
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     known = list(CONFIGS) + list(SMOL_BATCHES)
@@ -228,6 +270,10 @@ def parse_args():
 
 def main():
     args = parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
 
     # Thread settings first: set_num_interop_threads must precede any parallel work.
     torch.set_num_threads(args.threads)
@@ -237,7 +283,11 @@ def main():
     log = lambda msg: print(msg, file=sys.stderr, flush=True)
     log(f"torch {versions['torch']}, transformers {versions['transformers']}, "
         f"intra-op threads {torch.get_num_threads()}, "
-        f"interop threads {torch.get_num_interop_threads()}")
+        f"interop threads {torch.get_num_interop_threads()}, "
+        f"device {DEVICE}, dtype {args.dtype}")
+    if DEVICE.type == "cuda":
+        versions["cuda"] = torch.version.cuda
+        versions["device"] = torch.cuda.get_device_name(DEVICE)
 
     results = []
     t_start = time.perf_counter()
@@ -254,7 +304,7 @@ def main():
 
             # Fresh, identically seeded model per workload so that training
             # does not perturb the weights used by the other workloads.
-            model = build_model(cfg, args.smol_dir)
+            model = build_model(cfg, args.smol_dir, DTYPES[args.dtype])
             vocab_size = model.config.vocab_size
             if params is None:
                 params = count_params(model)
@@ -273,6 +323,8 @@ def main():
                 "tokens_per_s": tokens / median,
                 "iters": iters,
                 "threads": args.threads,
+                "device": str(DEVICE),
+                "dtype": args.dtype,
                 "started_unix_s": started,
                 "versions": versions,
             }

@@ -11,12 +11,15 @@
 //! `torch_matmul.py` time on their own (`just bench-matmul`). [`core_distance`]
 //! measures how far apart the machine runs two threads, and [`cpu_speed`]
 //! how fast each of its CPUs computes right now; `bench_json` records both
-//! with each timing.
+//! with each timing. [`memory`] measures the peak memory of training
+//! updates and inference phases against the memory plan (`just
+//! bench-memory`, `mappa doctor`).
 
 #![warn(missing_docs)]
 
 pub mod core_distance;
 pub mod cpu_speed;
+pub mod memory;
 pub mod products;
 
 use burn::module::AutodiffModule;
@@ -50,17 +53,29 @@ pub enum Size {
     /// About 26M parameters.
     #[value(name = "25m")]
     M25,
+    /// SmolLM2-135M's shape (Qwen3 layers), random weights: about 135M
+    /// parameters. For GPUs (`mappa doctor`).
+    #[value(name = "135m")]
+    M135,
+    /// Qwen2.5-0.5B's shape (Qwen3 layers), random weights: about 0.5B
+    /// parameters. For GPUs (`mappa doctor`).
+    #[value(name = "500m")]
+    M500,
 }
 
 impl Size {
-    /// Both sizes.
+    /// The sizes the CPU benchmarks time.
     pub const ALL: [Size; 2] = [Size::M1, Size::M25];
+    /// The sizes a GPU is timed at (`mappa doctor`).
+    pub const GPU: [Size; 3] = [Size::M25, Size::M135, Size::M500];
 
     /// The name used in reports (`1m`, `25m`).
     pub fn name(self) -> &'static str {
         match self {
             Size::M1 => "1m",
             Size::M25 => "25m",
+            Size::M135 => "135m",
+            Size::M500 => "500m",
         }
     }
 
@@ -69,6 +84,10 @@ impl Size {
         let (vocab, hidden, inter, layers, heads, kv, head_dim) = match self {
             Size::M1 => (2048, 128, 384, 4, 4, 2, 32),
             Size::M25 => (8192, 512, 1536, 7, 8, 4, 64),
+            // SmolLM2-135M's config.json (HuggingFaceTB/SmolLM2-135M).
+            Size::M135 => (49152, 576, 1536, 30, 9, 3, 64),
+            // Qwen2.5-0.5B's config.json (Qwen/Qwen2.5-0.5B).
+            Size::M500 => (151936, 896, 4864, 24, 14, 2, 64),
         };
         TransformerConfig::for_family(
             Family::Qwen3,
@@ -102,12 +121,17 @@ pub enum BenchConfig {
 }
 
 impl BenchConfig {
-    /// Every configuration, in report order.
+    /// Every configuration the CPU benchmarks time by default, in report order.
     pub const ALL: [BenchConfig; 4] = [
         BenchConfig::Sized(Size::M1),
         BenchConfig::Sized(Size::M25),
         BenchConfig::Smol { batch: 1 },
         BenchConfig::Smol { batch: 8 },
+    ];
+    /// The larger random-weight sizes, named on request (`135m`, `500m`).
+    pub const LARGE: [BenchConfig; 2] = [
+        BenchConfig::Sized(Size::M135),
+        BenchConfig::Sized(Size::M500),
     ];
 
     /// The name in reports and on the command line (`1m`, `25m`, `smol-b1`, `smol-b8`).
@@ -131,13 +155,11 @@ impl std::str::FromStr for BenchConfig {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        BenchConfig::ALL
-            .into_iter()
-            .find(|c| c.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<String> = BenchConfig::ALL.iter().map(|c| c.name()).collect();
-                format!("unknown config {s:?}; expected one of {}", names.join(", "))
-            })
+        let all = || BenchConfig::ALL.into_iter().chain(BenchConfig::LARGE);
+        all().find(|c| c.name() == s).ok_or_else(|| {
+            let names: Vec<String> = all().map(|c| c.name()).collect();
+            format!("unknown config {s:?}; expected one of {}", names.join(", "))
+        })
     }
 }
 

@@ -60,6 +60,7 @@ fn iterations(config: BenchConfig, workload: &str, quick: bool) -> (usize, usize
         (BenchConfig::Sized(Size::M25), "forward") => (1, 5),
         (BenchConfig::Sized(Size::M25), "train_step") => (1, 4),
         (BenchConfig::Sized(Size::M25), _) => (1, 3),
+        (BenchConfig::Sized(Size::M135 | Size::M500), _) => (1, 3),
         (BenchConfig::Smol { .. }, _) => (1, 3),
     }
 }

@@ -16,12 +16,15 @@
 //! - [`coach`]: `mappa coach score`; [`sandbox`]: `mappa sandbox run`.
 //! - [`serve`]: `mappa serve` (a checkpoint behind vLLM's API, for engine
 //!   rollouts on the CPU).
+//! - [`doctor`]: `mappa doctor` (a backend checked on this machine: parity,
+//!   memory against the plan, throughput, determinism).
 //! - [`rundir`]: run directories and lock files; [`plot`]: SVG charts.
 
 #![warn(missing_docs)]
 
 pub mod ablate;
 pub mod coach;
+pub mod doctor;
 pub mod grade;
 pub mod model;
 pub mod plot;
@@ -77,6 +80,9 @@ pub enum Command {
     /// Serve a checkpoint through vLLM's OpenAI-compatible API (completions,
     /// chat, LoRA hot-loading) on the CPU: engine rollouts without a GPU.
     Serve(serve::ServeArgs),
+    /// Check a backend on this machine: parity with the CPU, training steps,
+    /// memory against the plan, throughput, a tiny run, run-to-run bits.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Run one parsed command line.
@@ -95,5 +101,6 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(args) => model::chat(&args),
         Command::MergeLora(args) => model::merge_lora(&args),
         Command::Serve(args) => serve::serve(&args),
+        Command::Doctor(args) => doctor::doctor(&args),
     }
 }

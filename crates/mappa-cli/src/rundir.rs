@@ -37,7 +37,7 @@ pub fn check_backend(kind: BackendKind) -> anyhow::Result<()> {
 }
 
 /// That `kind` is built into this binary.
-fn check_built(kind: BackendKind) -> anyhow::Result<()> {
+pub fn check_built(kind: BackendKind) -> anyhow::Result<()> {
     if !backend_available(kind) {
         bail!(
             "backend {0}: this binary was built without it; build with `cargo build --release -p mappa-cli --features {0}`",

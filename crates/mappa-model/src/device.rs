@@ -22,11 +22,44 @@ fn load_first(candidates: &[String]) -> Option<String> {
     })
 }
 
+/// What CUDA offers here: the libraries loaded, the driver's version and
+/// each device's name and memory.
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone)]
+pub struct CudaInventory {
+    /// The driver library's file name, as loaded.
+    pub driver_library: String,
+    /// NVRTC's file name, as loaded.
+    pub nvrtc_library: String,
+    /// The driver's CUDA version (`cuDriverGetVersion`: 1000 major + 10 minor).
+    pub driver_version: i32,
+    /// Each device's name and total memory in bytes.
+    pub devices: Vec<(String, u64)>,
+}
+
 /// Checks that CUDA can run here: the driver library (`libcuda`) and NVRTC
 /// load under one of the names cudarc searches, the driver initialises, and
 /// it sees a device. Returns what was found (the libraries, the devices).
 #[cfg(feature = "cuda")]
 pub fn check_cuda() -> Result<String, DeviceError> {
+    let found = cuda_inventory()?;
+    let devices: Vec<&str> = found
+        .devices
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
+    Ok(format!(
+        "{} and {} loaded; {} device(s): {}",
+        found.driver_library,
+        found.nvrtc_library,
+        devices.len(),
+        devices.join(", ")
+    ))
+}
+
+/// What [`check_cuda`] checks, as found.
+#[cfg(feature = "cuda")]
+pub fn cuda_inventory() -> Result<CudaInventory, DeviceError> {
     let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     let mut found = Vec::new();
     for (lib, what, install) in [
@@ -53,34 +86,62 @@ pub fn check_cuda() -> Result<String, DeviceError> {
             }
         }
     }
-    let devices = std::panic::catch_unwind(|| -> Result<Vec<String>, String> {
-        use cudarc::driver::result::{device, init};
-        init().map_err(|e| format!("cuInit failed: {e:?}"))?;
-        let count = device::get_count().map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
-        (0..count)
-            .map(|i| {
-                let dev = device::get(i).map_err(|e| format!("device {i}: {e:?}"))?;
-                device::get_name(dev).map_err(|e| format!("device {i}'s name: {e:?}"))
-            })
-            .collect()
-    })
-    .map_err(|_| {
-        DeviceError("backend cuda: the driver panicked while being asked for its devices".into())
-    })?
-    .map_err(|e| DeviceError(format!("backend cuda: {} loaded, but {e}", found[0])))?;
+    let (driver_version, devices) = std::panic::catch_unwind(cuda_devices)
+        .map_err(|_| {
+            DeviceError(
+                "backend cuda: the driver panicked while being asked for its devices".into(),
+            )
+        })?
+        .map_err(|e| DeviceError(format!("backend cuda: {} loaded, but {e}", found[0])))?;
     if devices.is_empty() {
         return Err(DeviceError(format!(
             "backend cuda: {} loaded, but the driver sees no device",
             found[0]
         )));
     }
-    Ok(format!(
-        "{} and {} loaded; {} device(s): {}",
-        found[0],
-        found[1],
-        devices.len(),
-        devices.join(", ")
-    ))
+    Ok(CudaInventory {
+        driver_library: found[0].clone(),
+        nvrtc_library: found[1].clone(),
+        driver_version,
+        devices,
+    })
+}
+
+/// The driver's version and its devices' names and memory.
+#[cfg(feature = "cuda")]
+fn cuda_devices() -> Result<(i32, Vec<(String, u64)>), String> {
+    use cudarc::driver::result::{device, init};
+    init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+    let mut version = 0;
+    // SAFETY: cuDriverGetVersion writes one int to the pointer it is given.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
+        .result()
+        .map_err(|e| format!("cuDriverGetVersion failed: {e:?}"))?;
+    let count = device::get_count().map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
+    let devices = (0..count)
+        .map(|i| {
+            let dev = device::get(i).map_err(|e| format!("device {i}: {e:?}"))?;
+            let name = device::get_name(dev).map_err(|e| format!("device {i}'s name: {e:?}"))?;
+            // SAFETY: `dev` is a device handle the driver just returned.
+            let memory = unsafe { device::total_mem(dev) }
+                .map_err(|e| format!("device {i}'s memory: {e:?}"))?;
+            Ok((name, memory as u64))
+        })
+        .collect::<Result<_, String>>()?;
+    Ok((version, devices))
+}
+
+/// Bytes in use on CUDA device `ordinal`: its total memory less what the
+/// driver reports free (`cuMemGetInfo` in the device's primary context,
+/// the one cubecl computes in).
+#[cfg(feature = "cuda")]
+pub fn cuda_memory_in_use(ordinal: usize) -> Result<u64, DeviceError> {
+    let context = cudarc::driver::CudaContext::new(ordinal)
+        .map_err(|e| DeviceError(format!("CUDA device {ordinal}: {e:?}")))?;
+    let (free, total) = context
+        .mem_get_info()
+        .map_err(|e| DeviceError(format!("CUDA device {ordinal}'s memory: {e:?}")))?;
+    Ok((total - free) as u64)
 }
 
 /// Checks that wgpu finds an adapter for the graphics API burn's `wgpu`
