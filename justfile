@@ -282,12 +282,39 @@ parity-cuda:
 parity-wgpu:
     cargo test --release --locked -p mappa-model --features wgpu --test hf_parity --test lora_parity
 
-# Everything a GPU machine should check, in one go: parity (HF and LoRA) on cuda and wgpu, a full and a LoRA training step of SmolLM2-135M on cuda, then the speed workloads on both.
-gpu-checks: models
-    just parity-cuda
-    just parity-wgpu
-    mkdir -p target/bench
-    cargo run --release --locked -p mappa-benches --features cuda --bin memory_bench -- --configs full-1-cuda,lora-1-cuda,lora-3-cuda,lora-1-layers-fused-cuda,lora-1-layers-fused-bf16-cuda,lora-1-dp-cuda --out target/bench/memory-cuda.json
-    cargo run --release --locked -p mappa-benches --features cuda --bin bench_json -- --backend cuda --out target/bench/cuda.json > /dev/null
-    cargo run --release --locked -p mappa-benches --features wgpu --bin bench_json -- --backend wgpu --out target/bench/wgpu.json > /dev/null
-    python3 benches/compare.py target/bench/cuda.json target/bench/wgpu.json
+# What a GPU bundle runs, from this checkout on a GPU box with cargo: a release `mappa` with cuda and wgpu, then `benches/gpu/run.sh` (the driver and NVRTC found, `mappa doctor --backend cuda`, PyTorch's workloads and HF parity where torch imports) into target/gpu-checks (summary.md).
+gpu-checks:
+    cargo build --release --locked -p mappa-cli --features cuda,wgpu
+    MAPPA_BIN=target/release/mappa benches/gpu/run.sh target/gpu-checks
+
+# `mappa doctor` on this machine (default `--backend cpu`, the CPU against itself; a GPU build: `cargo run --release -p mappa-cli --features cuda -- doctor --backend cuda`), results in target/doctor.
+doctor *ARGS: setup-python
+    cargo run --release --locked -p mappa-cli -- doctor --out target/doctor {{ARGS}}
+
+# The GPU bundle, built on a machine without CUDA or a GPU: a stripped `mappa` with cuda and wgpu (profile `bundle`, CUDA API pinned to 12.8), xz-compressed, with run.sh, the fixtures it needs and the PyTorch scripts, into target/gpu-bundle (at most 48 MiB; about 40 minutes cold on 2 cores). Copy the folder to a GPU node and run `./run.sh`.
+gpu-bundle:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build --locked --profile bundle -p mappa-cli --features cuda,wgpu --target-dir target/gpu-bundle-build
+    bin=target/gpu-bundle-build/bundle/mappa
+    b=target/gpu-bundle
+    rm -rf "$b"
+    mkdir -p "$b/benches/gpu" "$b/fixtures/manifests" "$b/experiments/workflows"
+    xz -9e -T0 -c "$bin" > "$b/mappa.xz"
+    cp benches/gpu/run.sh "$b/run.sh"
+    cp benches/gpu/hf_parity.py benches/gpu/summarise.py "$b/benches/gpu/"
+    cp benches/torch_bench.py "$b/benches/"
+    cp -r fixtures/models fixtures/arith "$b/fixtures/"
+    cp fixtures/manifests/tiny-arith-warm.toml "$b/fixtures/manifests/"
+    cp experiments/workflows/arith-compact.toml "$b/experiments/workflows/"
+    glibc=$(objdump -T "$bin" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+    {
+        echo "mappa GPU bundle, commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with uncommitted changes)')"
+        echo "binary: $(stat -c %s "$bin") bytes stripped, $(stat -c %s "$b/mappa.xz") bytes xz-compressed (run.sh unpacks it)"
+        echo "needs: Linux x86-64 with glibc ${glibc#GLIBC_} or later, an NVIDIA driver for CUDA 12.8 or later, NVRTC (a CUDA toolkit, or PyTorch's nvidia wheels)"
+        echo "backends: cuda, wgpu (Vulkan), cpu; run: ./run.sh [OUT]"
+    } > "$b/BUNDLE.txt"
+    total=$(du -sb "$b" | cut -f1)
+    echo "bundle size: $total bytes" >> "$b/BUNDLE.txt"
+    cat "$b/BUNDLE.txt"
+    if [ "$total" -gt $((48 * 1024 * 1024)) ]; then echo "gpu-bundle: $total bytes is over 48 MiB" >&2; exit 1; fi

@@ -1,8 +1,9 @@
 //! `mappa run MANIFEST`: resolve the manifest into a run directory with
 //! `manifest.lock.json` (whose sha256 is the run id), then train, evaluate
 //! and checkpoint there; `--resume RUN_DIR` continues a stopped run.
-//! `mappa eval MANIFEST`: held-out accuracy of the base models, a run's
-//! checkpoint, or a served model.
+//! `mappa eval MANIFEST`: held-out accuracy of the base models or a run's
+//! checkpoint on the manifest's backend (its device checked first), or of a
+//! served model.
 
 use std::path::PathBuf;
 
@@ -67,6 +68,44 @@ pub fn run_manifest(args: &RunArgs) -> anyhow::Result<()> {
     execute(&manifest, &run_dir, &options)
 }
 
+/// Held-out evaluation of local models on the manifest's backend (its
+/// device checked by the caller).
+fn evaluate_on_backend(
+    manifest: &Manifest,
+    out: &std::path::Path,
+    checkpoint: Option<&std::path::Path>,
+) -> anyhow::Result<mappa_train::records::EvalLine> {
+    use mappa_train::manifest::BackendKind;
+    use mappa_train::run::evaluate;
+    Ok(match manifest.backend {
+        BackendKind::Cpu => evaluate::<Autodiff<mappa_model::backend::Cpu>>(
+            manifest,
+            out,
+            checkpoint,
+            &Default::default(),
+        )?,
+        #[cfg(feature = "wgpu")]
+        BackendKind::Wgpu => evaluate::<Autodiff<mappa_model::backend::Wgpu>>(
+            manifest,
+            out,
+            checkpoint,
+            &Default::default(),
+        )?,
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => evaluate::<Autodiff<mappa_model::backend::Cuda>>(
+            manifest,
+            out,
+            checkpoint,
+            &Default::default(),
+        )?,
+        #[allow(unreachable_patterns)]
+        other => anyhow::bail!(
+            "backend {} is not built into this binary",
+            crate::rundir::feature_name(other)
+        ),
+    })
+}
+
 /// Arguments of `mappa eval`.
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -112,13 +151,8 @@ pub fn eval(args: &EvalArgs) -> anyhow::Result<()> {
             mappa_train::run::evaluate_remote(&manifest, &out, endpoint)?
         }
         _ => {
-            type B = Autodiff<mappa_model::backend::Cpu>;
-            mappa_train::run::evaluate::<B>(
-                &manifest,
-                &out,
-                checkpoint.as_deref(),
-                &Default::default(),
-            )?
+            check_backend(manifest.backend)?;
+            evaluate_on_backend(&manifest, &out, checkpoint.as_deref())?
         }
     };
     println!(

@@ -57,3 +57,56 @@ fn a_wgpu_run_without_an_adapter_stops_with_what_is_missing_before_writing() {
     }
     stops_before_writing("wgpu", &["backend wgpu: no", "adapter"]);
 }
+
+/// `mappa eval` follows the manifest's backend: without a driver it stops
+/// before writing its eval directory.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_cuda_eval_without_a_driver_stops_before_writing() {
+    if mappa_model::device::check_cuda().is_ok() {
+        return;
+    }
+    let scratch = scratch();
+    let manifest =
+        fixture_manifest("tiny-arith").replace("backend = \"cpu\"", "backend = \"cuda\"");
+    let path = scratch.path().join("gpu.toml");
+    std::fs::write(&path, manifest).unwrap();
+    let out = scratch.path().join("eval");
+    let run = mappa()
+        .arg("eval")
+        .arg(&path)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("backend cuda:") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "the eval directory was written");
+}
+
+/// `mappa doctor --backend cuda` without a driver: environment.json says
+/// what was searched, no check runs, exit code 1, no panic.
+#[cfg(feature = "cuda")]
+#[test]
+fn the_doctor_without_a_driver_reports_what_is_missing() {
+    if mappa_model::device::check_cuda().is_ok() {
+        return;
+    }
+    let scratch = scratch();
+    let out = scratch.path().join("doctor");
+    let run = mappa()
+        .args(["doctor", "--backend", "cuda", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("libcuda.so"), "{stderr}");
+    let env = std::fs::read_to_string(out.join("environment.json")).unwrap();
+    assert!(env.contains("\"device_error\""), "{env}");
+    assert!(!out.join("checks.jsonl").exists());
+}

@@ -18,6 +18,9 @@
 //! - `memory-*`: the memory plan as an upper bound of the measured peak
 //!   ([`memory`]);
 //! - `throughput-*`: tokens/s and model FLOPs utilisation ([`speed`]);
+//! - `hf-export`: a model trained one step on the device, saved as a HF
+//!   checkpoint with its logits (the GPU bundle's `hf_parity.py` loads it
+//!   into transformers);
 //! - `tiny-run`: two steps of `fixtures/manifests/tiny-arith-warm.toml` on
 //!   the device ([`runs`]).
 //!
@@ -271,11 +274,26 @@ fn run_all<D: AutodiffModelBackend>(
             Box::new(move || step::check::<D, Reference>(&source, variant, device, reference)),
         ));
     }
+    let (source, dir) = (random.clone(), report.out.join("hf-export"));
+    checks.push((
+        "hf-export".into(),
+        Box::new(move || parity::export_hf::<D>(&source, device, &dir)),
+    ));
     let source = random.clone();
     checks.push((
         "determinism-step".into(),
         Box::new(move || step::determinism::<D>(&source, step::Variant::default(), device)),
     ));
+    let (sizes, iters): (Vec<mappa_benches::Size>, usize) = match size {
+        Size::Full => (mappa_benches::Size::GPU.to_vec(), 3),
+        Size::Small => (vec![mappa_benches::Size::M1], 2),
+    };
+    for s in sizes {
+        checks.push((
+            format!("throughput-{}", s.name()),
+            Box::new(move || speed::check::<D>(s, device, device_name, iters)),
+        ));
+    }
     let exe = std::env::current_exe().ok();
     for config in memory::configs(size) {
         let exe = exe.clone();
@@ -286,16 +304,6 @@ fn run_all<D: AutodiffModelBackend>(
                 let exe = exe.ok_or_else(|| anyhow!("this program's own path is unknown"))?;
                 memory::check(&exe, backend, &config, size)
             }),
-        ));
-    }
-    let (sizes, iters): (Vec<mappa_benches::Size>, usize) = match size {
-        Size::Full => (mappa_benches::Size::GPU.to_vec(), 3),
-        Size::Small => (vec![mappa_benches::Size::M1], 2),
-    };
-    for s in sizes {
-        checks.push((
-            format!("throughput-{}", s.name()),
-            Box::new(move || speed::check::<D>(s, device, device_name, iters)),
         ));
     }
     run_checks(report, checks);

@@ -298,6 +298,52 @@ fn hidden_after<B: ModelBackend>(
     })
 }
 
+/// A model trained one step on the device, saved as a HF checkpoint in
+/// `dir` with its logits on the device (`mappa_logits.json`: per row, the
+/// input ids and the flattened logits), for transformers to load and
+/// compare (the GPU bundle's `hf_parity.py`). Passes when mappa loads the
+/// checkpoint back and computes the same logits, bit for bit.
+pub fn export_hf<D: AutodiffModelBackend>(
+    source: &Source,
+    device: &D::Device,
+    dir: &std::path::Path,
+) -> anyhow::Result<Outcome> {
+    use mappa_model::weights::save_transformer;
+    let model = super::step::trained::<D>(source, super::step::Variant::default(), device)?;
+    save_transformer(&model, dir, mappa_model::StorageDtype::F32)?;
+    let ids = tokens(model.config().vocab_size, ROWS, COLS, 29);
+    let logits = |m: &Transformer<D::InnerBackend>| -> Vec<Vec<f32>> {
+        ids.iter()
+            .map(|row| compare::host(m.forward(to_tensor(std::slice::from_ref(row), device))))
+            .collect()
+    };
+    let saved = logits(&model);
+    let cases: Vec<serde_json::Value> = ids
+        .iter()
+        .zip(&saved)
+        .map(|(row, l)| json!({"input_ids": row, "logits": l}))
+        .collect();
+    mappa_core::fs::write_atomic(
+        &dir.join("mappa_logits.json"),
+        serde_json::to_string(&cases)?.as_bytes(),
+    )?;
+    let reloaded: Transformer<D::InnerBackend> = load_transformer(dir, device)?;
+    let same = logits(&reloaded) == saved;
+    let failures = match same {
+        true => Vec::new(),
+        false => vec!["the checkpoint loaded back computes other logits".into()],
+    };
+    Ok(Outcome::from_failures(
+        failures,
+        json!({"reloaded_logits_equal": same, "checkpoint": dir.display().to_string()}),
+        json!({"reloaded": "identical bits", "transformers": compare::F32}),
+        format!(
+            "{} (transformers compares in the GPU bundle's run.sh)",
+            dir.display()
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

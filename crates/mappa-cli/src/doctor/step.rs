@@ -230,6 +230,18 @@ pub fn check<D: AutodiffModelBackend, R: AutodiffModelBackend>(
     ))
 }
 
+/// The model after one update of `variant` on `device` (its inference
+/// view).
+pub fn trained<D: AutodiffModelBackend>(
+    source: &Source,
+    variant: Variant,
+    device: &D::Device,
+) -> anyhow::Result<Transformer<D::InnerBackend>> {
+    let mut learner = learner::<D>(source, variant, device)?;
+    step(&mut learner)?;
+    Ok(burn::module::AutodiffModule::valid(learner.policy()))
+}
+
 /// The same update twice on the device, from fresh learners: every
 /// parameter, the metrics and the log-probs after it must have the same
 /// bits.
