@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 
 use anyhow::anyhow;
-use burn::backend::Autodiff;
 use clap::Args;
 use mappa_judge::cache::CacheMode;
 use mappa_judge::openai::OpenAiConfig;
@@ -75,35 +74,9 @@ fn evaluate_on_backend(
     out: &std::path::Path,
     checkpoint: Option<&std::path::Path>,
 ) -> anyhow::Result<mappa_train::records::EvalLine> {
-    use mappa_train::manifest::BackendKind;
-    use mappa_train::run::evaluate;
-    Ok(match manifest.backend {
-        BackendKind::Cpu => evaluate::<Autodiff<mappa_model::backend::Cpu>>(
-            manifest,
-            out,
-            checkpoint,
-            &Default::default(),
-        )?,
-        #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => evaluate::<Autodiff<mappa_model::backend::Wgpu>>(
-            manifest,
-            out,
-            checkpoint,
-            &Default::default(),
-        )?,
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => evaluate::<Autodiff<mappa_model::backend::Cuda>>(
-            manifest,
-            out,
-            checkpoint,
-            &Default::default(),
-        )?,
-        #[allow(unreachable_patterns)]
-        other => anyhow::bail!(
-            "backend {} is not built into this binary",
-            crate::rundir::feature_name(other)
-        ),
-    })
+    Ok(crate::rundir::on_backend!(manifest.backend, B => {
+        mappa_train::run::evaluate::<B>(manifest, out, checkpoint, &Default::default())?
+    }))
 }
 
 /// Arguments of `mappa eval`.

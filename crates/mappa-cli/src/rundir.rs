@@ -5,10 +5,39 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
-use burn::backend::Autodiff;
 use mappa_train::manifest::{lock, results_relevant, run_id, BackendKind, Manifest};
 use mappa_train::run::{run, RunEnd, RunOptions};
 use serde_json::Value;
+
+/// Evaluates `$body` with `$B` naming the autodiff backend of `$kind` (a
+/// [`BackendKind`]), or returns an error for a backend this binary was
+/// built without.
+macro_rules! on_backend {
+    ($kind:expr, $B:ident => $body:expr) => {
+        match $kind {
+            mappa_train::manifest::BackendKind::Cpu => {
+                type $B = burn::backend::Autodiff<mappa_model::backend::Cpu>;
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            mappa_train::manifest::BackendKind::Wgpu => {
+                type $B = burn::backend::Autodiff<mappa_model::backend::Wgpu>;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            mappa_train::manifest::BackendKind::Cuda => {
+                type $B = burn::backend::Autodiff<mappa_model::backend::Cuda>;
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => anyhow::bail!(
+                "backend {} is not built into this binary",
+                $crate::rundir::feature_name(other)
+            ),
+        }
+    };
+}
+pub(crate) use on_backend;
 
 /// The repository root: the nearest ancestor of the current directory with
 /// `experiments/` (where `mappa reproduce NAME` finds `experiments/NAME.toml`).
@@ -224,33 +253,9 @@ pub fn check_memory(manifest: &Manifest) -> anyhow::Result<()> {
 pub fn execute(manifest: &Manifest, run_dir: &Path, options: &RunOptions) -> anyhow::Result<()> {
     check_built(manifest.backend)?;
     eprintln!("run directory: {}", run_dir.display());
-    let end: RunEnd = match manifest.backend {
-        BackendKind::Cpu => run::<Autodiff<mappa_model::backend::Cpu>>(
-            manifest,
-            run_dir,
-            options,
-            &Default::default(),
-        ),
-        #[cfg(feature = "wgpu")]
-        BackendKind::Wgpu => run::<Autodiff<mappa_model::backend::Wgpu>>(
-            manifest,
-            run_dir,
-            options,
-            &Default::default(),
-        ),
-        #[cfg(feature = "cuda")]
-        BackendKind::Cuda => run::<Autodiff<mappa_model::backend::Cuda>>(
-            manifest,
-            run_dir,
-            options,
-            &Default::default(),
-        ),
-        #[allow(unreachable_patterns)]
-        other => bail!(
-            "backend {} is not built into this binary",
-            feature_name(other)
-        ),
-    }?;
+    let end: RunEnd = on_backend!(manifest.backend, B => {
+        run::<B>(manifest, run_dir, options, &Default::default())
+    })?;
     match end.final_eval {
         Some(eval) => eprintln!("final held-out accuracy: {:.3}", eval.accuracy),
         None if end.step < manifest.rollout.steps => eprintln!(

@@ -9,13 +9,14 @@ use anyhow::Context;
 use burn::module::AutodiffModule;
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use mappa_core::RngStream;
 use mappa_model::weights::load_transformer;
 use mappa_model::{
     completion_logprobs, generate_greedy, kernels, AutodiffModelBackend, Family, GenerationConfig,
     ModelBackend, Transformer, TransformerConfig,
 };
 use serde_json::json;
+
+pub use mappa_benches::{random_tokens as tokens, to_tensor};
 
 use super::compare::{self, Named, Tolerance};
 use super::Outcome;
@@ -48,20 +49,6 @@ pub fn random_qwen3() -> Source {
         .with_tie_word_embeddings(true)
         .with_max_position_embeddings(512);
     Source::Random(config, 17)
-}
-
-/// Token ids `[rows, cols]` below `vocab` from a seeded stream.
-pub fn tokens(vocab: usize, rows: usize, cols: usize, seed: u64) -> Vec<Vec<u32>> {
-    let mut rng = RngStream::from_u64(seed);
-    (0..rows)
-        .map(|_| (0..cols).map(|_| rng.below(vocab as u64) as u32).collect())
-        .collect()
-}
-
-/// The ids as a `[rows, cols]` int tensor.
-pub fn to_tensor<B: Backend>(ids: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
-    let flat: Vec<i32> = ids.iter().flatten().map(|&t| t as i32).collect();
-    Tensor::from_data(TensorData::new(flat, [ids.len(), ids[0].len()]), device)
 }
 
 /// What one backend computed for the parity check.
