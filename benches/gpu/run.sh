@@ -9,7 +9,8 @@
 # 2. runs `mappa doctor` on the GPU (parity with the CPU, training steps,
 #    memory against the plan, throughput and MFU, a tiny run, determinism);
 # 3. where `python3 -c 'import torch'` works: the same workloads in PyTorch
-#    on the same GPU (f32 and bf16) for burn/PyTorch ratios, and the
+#    on the same GPU (f32 and bf16; with CUDA, where torch sees the GPU) for
+#    burn/PyTorch ratios, and the
 #    checkpoint mappa trained and saved on the GPU loaded into transformers;
 # 4. writes OUT/summary.md (one table) beside the JSON files.
 #
@@ -59,20 +60,27 @@ if [ "$backend" = cuda ]; then
     torch_lib=$("$python" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
     site=$(dirname "${torch_lib:-/nonexistent}")
     cuda_home=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
-    driver=$(find_lib "the NVIDIA driver (libcuda.so.1)" 'libcuda.so.1' \
-        $(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF}' | xargs -r -n1 dirname) \
-        /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib) || exit 3
-    nvrtc=$(find_lib "NVRTC (libnvrtc.so.*)" 'libnvrtc.so.[0-9]*' \
-        "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib" \
-        "$site"/nvidia/cu13/lib "$site"/nvidia/cuda_nvrtc/lib /usr/lib/x86_64-linux-gnu) || exit 3
     # cudarc (pinned to CUDA 12.8's API) looks for libcuda.so, libnvrtc.so,
     # libnvrtc.so.12 and a few more, not libnvrtc.so.13: link the plain
-    # names to what was found, and keep NVRTC's own folder (its builtins).
+    # names to what is found, and keep NVRTC's own folder (its builtins).
+    # What is not found is said here, and the doctor then stops with the
+    # names it searched (environment.json).
     mkdir -p "$out/lib"
-    ln -sf "$driver" "$out/lib/libcuda.so"
-    ln -sf "$nvrtc" "$out/lib/libnvrtc.so"
-    export LD_LIBRARY_PATH="$out/lib:$(dirname "$nvrtc"):$(dirname "$driver")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    log "driver $driver; NVRTC $nvrtc"
+    if driver=$(find_lib "the NVIDIA driver (libcuda.so.1)" 'libcuda.so.1' \
+        $(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF}' | xargs -r -n1 dirname) \
+        /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/lib/wsl/lib); then
+        ln -sf "$driver" "$out/lib/libcuda.so"
+        LD_LIBRARY_PATH="$(dirname "$driver")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        log "driver $driver"
+    fi
+    if nvrtc=$(find_lib "NVRTC (libnvrtc.so.*)" 'libnvrtc.so.[0-9]*' \
+        "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib" \
+        "$site"/nvidia/cu13/lib "$site"/nvidia/cuda_nvrtc/lib /usr/lib/x86_64-linux-gnu); then
+        ln -sf "$nvrtc" "$out/lib/libnvrtc.so"
+        LD_LIBRARY_PATH="$(dirname "$nvrtc")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        log "NVRTC $nvrtc"
+    fi
+    export LD_LIBRARY_PATH="$out/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$out/run.log"
 fi
 
@@ -91,7 +99,9 @@ doctor_rc=${PIPESTATUS[0]}
 
 torch_rc=skipped
 hf_rc=skipped
-if "$python" -c 'import torch, transformers' 2>/dev/null; then
+torch_check='import torch, transformers'
+[ "$backend" = cuda ] && torch_check="$torch_check; assert torch.cuda.is_available()"
+if "$python" -c "$torch_check" 2>/dev/null; then
     device=cpu
     configs=1m
     [ "$backend" = cuda ] && device=cuda configs=25m,135m,500m
@@ -107,7 +117,7 @@ if "$python" -c 'import torch, transformers' 2>/dev/null; then
         --out "$out/hf-parity.json" 2>&1 | tee -a "$out/run.log"
     hf_rc=${PIPESTATUS[0]}
 else
-    log "no PyTorch here ($python -c 'import torch, transformers' failed): the PyTorch comparison and HF parity are skipped"
+    log "no PyTorch here ($python -c '$torch_check' failed): the PyTorch comparison and HF parity are skipped"
 fi
 
 "$python" benches/gpu/summarise.py "$out" --doctor-rc "$doctor_rc" --torch "$torch_rc" --hf "$hf_rc" | tee -a "$out/run.log"

@@ -62,6 +62,8 @@ def render(out: Path, args) -> tuple:
         env = json.loads(env_path.read_text())
         device = env.get("device", {}).get("devices", [{}])[0].get("name") or env.get("machine", {}).get("cpu_model")
         lines += [f"backend {env.get('backend')}, device {device}, burn {env.get('burn')}, cubecl {env.get('cubecl')}", ""]
+        if "device_error" in env:
+            lines += [f"**The device could not be used:** {env['device_error']}", ""]
     lines += [f"doctor exit code {args.doctor_rc}: {len(checks)} checks, {len(failed)} failed"
               + (f" ({', '.join(failed)})" if failed else ""), ""]
     lines += ["| check | verdict | seconds | key number |", "|---|---|---:|---|"]
