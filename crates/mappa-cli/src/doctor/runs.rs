@@ -85,7 +85,7 @@ pub fn check_same(a: &Path, b: &Path) -> anyhow::Result<Outcome> {
         failures,
         json!({"runs": [a.display().to_string(), b.display().to_string()]}),
         json!("identical records"),
-        "metrics.jsonl and trajectories.jsonl of two runs of one manifest".into(),
+        "metrics.jsonl and trajectories.jsonl of two runs of one manifest (the second reuses the first's warm start, so its training steps are compared, not the fine-tuning)".into(),
     ))
 }
 
