@@ -291,12 +291,18 @@ gpu-checks:
 doctor *ARGS: setup-python
     cargo run --release --locked -p mappa-cli -- doctor --out target/doctor {{ARGS}}
 
-# The GPU bundle, built on a machine without CUDA or a GPU: a stripped `mappa` with cuda and wgpu (profile `bundle`, CUDA API pinned to 12.8), xz-compressed, with run.sh, the fixtures it needs and the PyTorch scripts, into target/gpu-bundle (at most 48 MiB; about 40 minutes cold on 2 cores). Copy the folder to a GPU node and run `./run.sh`.
+# The GPU bundle, built on a machine without CUDA or a GPU: a stripped `mappa` with cuda and wgpu (profile `bundle`, CUDA API pinned to 12.8), linked by cargo-zigbuild against glibc 2.28 so that it starts on older Linux too, xz-compressed, with run.sh, the fixtures it needs and the PyTorch scripts, into target/gpu-bundle (at most 48 MiB; about 25 minutes cold on 2 cores). Copy the folder to a GPU node and run `./run.sh`.
 gpu-bundle:
     #!/usr/bin/env bash
     set -euo pipefail
-    cargo build --locked --profile bundle -p mappa-cli --features cuda,wgpu --target-dir target/gpu-bundle-build
-    bin=target/gpu-bundle-build/bundle/mappa
+    # zig as the linker (PyPI's ziglang and cargo-zigbuild, pinned), once.
+    if [ ! -x .venv-zig/bin/cargo-zigbuild ]; then
+        python3 -m venv .venv-zig
+        .venv-zig/bin/pip install --quiet --disable-pip-version-check ziglang==0.15.2 cargo-zigbuild==0.24.1
+    fi
+    PATH="$PWD/.venv-zig/bin:$PATH" cargo zigbuild --locked --profile bundle -p mappa-cli --features cuda,wgpu \
+        --target x86_64-unknown-linux-gnu.2.28 --target-dir target/gpu-bundle-zig
+    bin=target/gpu-bundle-zig/x86_64-unknown-linux-gnu/bundle/mappa
     b=target/gpu-bundle
     rm -rf "$b"
     mkdir -p "$b/benches/gpu" "$b/fixtures/manifests" "$b/experiments/workflows"

@@ -294,6 +294,11 @@ fn run_all<D: AutodiffModelBackend>(
             Box::new(move || speed::check::<D>(s, device, device_name, iters)),
         ));
     }
+    run_checks(report, checks);
+    run_twice(report);
+    // Last: one process each, the slowest checks on a GPU (each compiles
+    // its kernels anew), so that a time limit cuts only some of them.
+    let mut checks: Vec<Check<'_>> = Vec::new();
     let exe = std::env::current_exe().ok();
     for config in memory::configs(size) {
         let exe = exe.clone();
@@ -307,7 +312,6 @@ fn run_all<D: AutodiffModelBackend>(
         ));
     }
     run_checks(report, checks);
-    run_twice(report);
 }
 
 /// The training-step variants checked against the CPU.
