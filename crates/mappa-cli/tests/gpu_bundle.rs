@@ -45,6 +45,7 @@ fn run_sh_checks_the_cpu_and_writes_one_summary() {
     assert!(summary.contains("| 1m | train_step |"), "{summary}");
     let torch = Command::new("python3")
         .args(["-c", "import torch, transformers"])
+        .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     match torch {
