@@ -413,21 +413,31 @@ fn samples<B: AutodiffModelBackend>(
 ) -> Result<Vec<TrainSample>, String> {
     let vocab = learner.policy().config().vocab_size;
     let pairs = pairs(vocab, shape.batch, shape, seed);
+    let advantage = |i: usize| if i.is_multiple_of(2) { 1.0 } else { -1.0 };
+    samples_of(learner, pairs, advantage).map_err(|e| e.to_string())
+}
+
+/// Training samples of `pairs` whose every token has advantage (and
+/// reward) `advantage(i)` for pair `i`, with the learner's own old and
+/// reference log-probs, as a run computes them.
+pub fn samples_of<B: AutodiffModelBackend>(
+    learner: &AgentLearner<B>,
+    pairs: Vec<(Vec<u32>, Vec<u32>)>,
+    advantage: impl Fn(usize) -> f32,
+) -> Result<Vec<TrainSample>, mappa_train::TrainError> {
     let refs: Vec<(&[u32], &[u32])> = pairs
         .iter()
         .map(|(p, c)| (p.as_slice(), c.as_slice()))
         .collect();
-    let old = learner.policy_logprobs(&refs).map_err(|e| e.to_string())?;
-    let reference = learner
-        .reference_logprobs(&refs)
-        .map_err(|e| e.to_string())?;
+    let old = learner.policy_logprobs(&refs)?;
+    let reference = learner.reference_logprobs(&refs)?;
     Ok(pairs
         .into_iter()
         .zip(old.into_iter().zip(reference))
         .enumerate()
         .map(
             |(i, ((prompt, completion), (old_logprobs, ref_logprobs)))| {
-                let a = if i % 2 == 0 { 1.0 } else { -1.0 };
+                let a = advantage(i);
                 TrainSample {
                     mask: vec![true; completion.len()],
                     advantages: vec![a; completion.len()],

@@ -10,6 +10,7 @@ use std::process::Command;
 
 use mappa_benches::memory::{self, Measured, Shape, Weights, PLAN_SLACK};
 use mappa_model::{AutodiffModelBackend, Family, TransformerConfig};
+use mappa_train::memory::GIB;
 use serde_json::json;
 
 use super::{Outcome, Size};
@@ -78,7 +79,7 @@ pub fn check(exe: &Path, backend: &str, config: &str, size: Size) -> anyhow::Res
     let m: Measured = serde_json::from_slice(&out.stdout)?;
     let tolerance = json!({"plan_over_measured": [0.0, PLAN_SLACK]});
     let measured = serde_json::to_value(&m)?;
-    let gib = |b: u64| b as f64 / memory_gib();
+    let gib = |b: u64| b as f64 / GIB;
     let Some(error) = m.plan_error() else {
         return Ok(Outcome::skipped(
             measured,
@@ -107,8 +108,4 @@ pub fn check(exe: &Path, backend: &str, config: &str, size: Size) -> anyhow::Res
     Ok(Outcome::from_failures(
         failures, measured, tolerance, detail,
     ))
-}
-
-fn memory_gib() -> f64 {
-    mappa_train::memory::GIB
 }

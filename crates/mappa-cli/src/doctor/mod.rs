@@ -46,7 +46,7 @@ use mappa_model::AutodiffModelBackend;
 use mappa_train::manifest::BackendKind;
 use serde_json::{json, Value};
 
-use crate::rundir::{check_built, check_device, feature_name, repo_root};
+use crate::rundir::{check_built, feature_name, repo_root};
 
 /// burn's version in this build (Cargo.lock; checked by a test).
 pub const BURN_VERSION: &str = "0.21.0";
@@ -202,11 +202,8 @@ pub fn doctor(args: &DoctorArgs) -> anyhow::Result<()> {
     );
     println!("{}", serde_json::to_string_pretty(&environment)?);
     if let Some(error) = environment.get("device_error") {
-        bail!(
-            "backend {}: {}",
-            feature_name(kind),
-            error.as_str().unwrap_or_default()
-        );
+        // The probe's message names the backend and what it searched.
+        bail!("{}", error.as_str().unwrap_or_default());
     }
     let reference = Default::default();
     let report = Report::new(&args.out, args.backend, &args.only)?;
@@ -417,33 +414,36 @@ fn environment(backend: Backend) -> Value {
         "cubecl": CUBECL_VERSION,
         "machine": mappa_train::machine::record(),
     });
-    if let Err(e) = check_device(backend.kind()) {
-        env["device_error"] = json!(format!("{e:#}"));
-        return env;
+    match device_details(backend) {
+        Ok(device) => env["device"] = device,
+        Err(e) => env["device_error"] = json!(e),
     }
-    env["device"] = device_details(backend);
     env
 }
 
-/// The device's own description: for CUDA the libraries loaded, the
-/// driver's version and each device's name and memory.
-fn device_details(backend: Backend) -> Value {
+/// The device's own description, found by the same probe that checks it
+/// (`mappa_model::device`): for CUDA the libraries loaded, the driver's
+/// version and each device's name and memory; for wgpu its adapters. An
+/// error says what was searched.
+fn device_details(backend: Backend) -> Result<Value, String> {
     match backend {
         #[cfg(feature = "cuda")]
-        Backend::Cuda => match mappa_model::device::cuda_inventory() {
-            Ok(found) => json!({
+        Backend::Cuda => {
+            let found = mappa_model::device::cuda_inventory().map_err(|e| e.to_string())?;
+            let version = found.driver_version;
+            Ok(json!({
                 "driver_library": found.driver_library,
                 "nvrtc_library": found.nvrtc_library,
-                "driver_cuda_version": format!("{}.{}", found.driver_version / 1000, found.driver_version % 1000 / 10),
+                "driver_cuda_version": format!("{}.{}", version / 1000, version % 1000 / 10),
                 "devices": found.devices.iter().map(|(name, bytes)| json!({"name": name, "memory_bytes": bytes})).collect::<Vec<_>>(),
-            }),
-            Err(e) => json!({"error": e.to_string()}),
-        },
+            }))
+        }
         #[cfg(feature = "wgpu")]
         Backend::Wgpu => {
-            json!({"adapters": mappa_model::device::check_wgpu().map_err(|e| e.to_string()).unwrap_or_else(|e| e)})
+            let adapters = mappa_model::device::check_wgpu().map_err(|e| e.to_string())?;
+            Ok(json!({ "adapters": adapters }))
         }
-        _ => json!({"name": "cpu"}),
+        _ => Ok(json!({"name": "cpu"})),
     }
 }
 

@@ -134,7 +134,7 @@ pub fn check<D: AutodiffModelBackend, R: AutodiffModelBackend>(
     let d = compute(&on_device, &ids)?;
     let r = compute(&on_cpu, &ids)?;
     let logits = compare::rel_max(&d.logits, &r.logits);
-    let greedy = greedy_verdict(&on_cpu, &d.greedy, &r.greedy, tol);
+    let greedy = greedy_verdict(&on_cpu, &ids, &d.greedy, &r.greedy, tol);
     let logprobs = compare::max_abs(&d.logprobs, &r.logprobs);
     let loss = compare::rel(d.loss, r.loss);
     let norm = |g: &Named| {
@@ -200,6 +200,7 @@ pub fn check<D: AutodiffModelBackend, R: AutodiffModelBackend>(
 /// break either way).
 fn greedy_verdict<R: AutodiffModelBackend>(
     on_cpu: &Transformer<R>,
+    ids: &[Vec<u32>],
     device: &[Vec<u32>],
     cpu: &[Vec<u32>],
     tol: &Tolerance,
@@ -217,7 +218,6 @@ fn greedy_verdict<R: AutodiffModelBackend>(
     let Some((row, col)) = first else {
         return Ok("equal".into());
     };
-    let ids = tokens(on_cpu.config().vocab_size, ROWS, COLS, 23);
     let context: Vec<u32> = [&ids[row][..PROMPT], &cpu[row][..col]].concat();
     let logits = compare::host(
         on_cpu

@@ -5,9 +5,10 @@
 //! same bits.
 
 use burn::tensor::backend::DeviceOps;
+use mappa_benches::memory::samples_of;
 use mappa_model::{AttentionKind, AutodiffModelBackend, LoraConfig, Transformer};
 use mappa_train::config::{BaseDtype, Recompute};
-use mappa_train::{AgentLearner, LossConfig, StepMetrics, TrainConfig, TrainSample};
+use mappa_train::{AgentLearner, LossConfig, StepMetrics, TrainConfig};
 use serde_json::json;
 
 use super::compare::{self, Named, Tolerance};
@@ -124,26 +125,11 @@ struct Stepped {
 /// log-probs the learner's own (as in a run).
 fn step<B: AutodiffModelBackend>(learner: &mut AgentLearner<B>) -> anyhow::Result<Stepped> {
     let pairs = pairs(learner.policy().config().vocab_size);
-    let refs = borrowed(&pairs);
-    let old = learner.policy_logprobs(&refs)?;
-    let reference = learner.reference_logprobs(&refs)?;
-    let samples: Vec<TrainSample> = pairs
-        .iter()
-        .zip(old.into_iter().zip(reference))
-        .enumerate()
-        .map(|(i, ((prompt, completion), (old, reference)))| {
-            let a = if i % 4 == 2 { -1.0 } else { 1.0 };
-            TrainSample {
-                mask: vec![true; completion.len()],
-                advantages: vec![a; completion.len()],
-                prompt: prompt.clone(),
-                completion: completion.clone(),
-                old_logprobs: old,
-                ref_logprobs: reference,
-                reward: a as f64,
-            }
-        })
-        .collect();
+    let samples = samples_of(
+        learner,
+        pairs.clone(),
+        |i| if i % 4 == 2 { -1.0 } else { 1.0 },
+    )?;
     let before = compare::parameters(learner.policy());
     let loss = LossConfig {
         clip_low: 0.2,
@@ -158,7 +144,7 @@ fn step<B: AutodiffModelBackend>(learner: &mut AgentLearner<B>) -> anyhow::Resul
         .zip(&before)
         .map(|((name, a), (_, b))| (name.clone(), a.iter().zip(b).map(|(x, y)| x - y).collect()))
         .collect();
-    let logprobs = learner.policy_logprobs(&refs)?.concat();
+    let logprobs = learner.policy_logprobs(&borrowed(&pairs))?.concat();
     Ok(Stepped {
         metrics,
         deltas,
