@@ -77,6 +77,9 @@ impl memory::Meter for Meter {
     fn live_peak(&self) -> Option<u64> {
         Some(PEAK.load(Ordering::Relaxed).saturating_sub(self.base) as u64)
     }
+    fn live_now(&self) -> Option<u64> {
+        Some(LIVE.load(Ordering::Relaxed).saturating_sub(self.base) as u64)
+    }
 }
 
 fn child(config: &str, args: &Args) -> Result<Measured, String> {

@@ -85,7 +85,9 @@ fn the_cpu_passes_its_checks_against_itself() {
 
 /// A memory check measures in a process of its own and holds the plan to
 /// its bound; its verdict follows from the numbers it wrote, and a failure
-/// makes the exit code 1.
+/// makes the exit code 1. The plan covers the peak (the side a run dies
+/// of); at this small model's size it may be more than 20% over it, since
+/// the allocator reserve's fixed part is a third of its tensors.
 #[test]
 fn memory_checks_measure_in_a_child_and_judge_the_plan() {
     let scratch = scratch();
@@ -106,7 +108,8 @@ fn memory_checks_measure_in_a_child_and_judge_the_plan() {
             m["predicted_bytes"].as_f64().unwrap(),
         );
         assert!(measured > 1e6 && plan > 1e6, "{line}");
-        let within = plan >= measured && plan <= 1.2 * measured;
+        assert!(plan >= measured, "the plan is under the peak: {line}");
+        let within = plan <= 1.2 * measured;
         assert_eq!(line["status"] == "PASS", within, "{line}");
         failed |= !within;
     }

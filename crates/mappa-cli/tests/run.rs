@@ -135,7 +135,8 @@ fn reproduce_aime_plans_and_names_what_is_missing() {
             "log-prob pass, 1 sequences at a time",
             "generation of 4 sequences",
             "LoRA adapters (rank 32)",
-            "saved activations (micro-batch 1)",
+            "update of a micro-batch of 1 at its peak (saved activations",
+            "allocator reserve (20% of the above",
             "of 80.00 GiB",
             // Layer-by-layer recomputation and fused attention make it fit.
             "fits the declared [devices] memory",

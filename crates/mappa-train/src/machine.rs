@@ -20,11 +20,7 @@ const FEATURES: [&str; 3] = ["avx2", "fma", "avx512f"];
 /// cores and the thread count, and the build profile.
 pub fn record() -> Value {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = std::env::var("RAYON_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(cores);
+    let threads = threads();
     let (features, contract) = simd();
     json!({
         "os": std::env::consts::OS,
@@ -36,6 +32,16 @@ pub fn record() -> Value {
         "threads": threads,
         "build_profile": if cfg!(debug_assertions) { "debug" } else { "release" },
     })
+}
+
+/// The CPU backend's threads: `RAYON_NUM_THREADS` where set to a positive
+/// number, else the CPUs this process may use.
+pub fn threads() -> usize {
+    std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 #[cfg(target_arch = "x86_64")]

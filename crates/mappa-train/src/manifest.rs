@@ -768,7 +768,7 @@ impl Manifest {
         eval_tasks: usize,
         engine_reservation: u64,
     ) -> crate::memory::MemoryPlan {
-        use crate::memory::{PlanInputs, GIB};
+        use crate::memory::{Kernels, PlanInputs, GIB};
         let r = &self.rollout;
         let trajectories = r.prompts_per_step * r.samples_per_prompt;
         crate::memory::plan(&PlanInputs {
@@ -785,6 +785,12 @@ impl Manifest {
                 }
             },
             engine_reservation,
+            kernels: match self.backend {
+                BackendKind::Cpu => Kernels::Cpu {
+                    threads: crate::machine::threads(),
+                },
+                BackendKind::Wgpu | BackendKind::Cuda => Kernels::Default,
+            },
             capacity: self
                 .devices
                 .as_ref()

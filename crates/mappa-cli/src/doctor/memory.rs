@@ -22,17 +22,12 @@ pub fn smollm2_config() -> TransformerConfig {
         .with_max_position_embeddings(8192)
 }
 
-/// The configurations measured: `bench-memory`'s without burn's
-/// checkpointing (which mappa's runs do not use) at full size; at small
+/// The configurations measured: `bench-memory`'s at full size; at small
 /// size (the CPU's default, for CI) the plain update and inference phases
 /// of a 25m-parameter model.
 pub fn configs(size: Size) -> Vec<String> {
     match size {
-        Size::Full => memory::CONFIGS
-            .split(',')
-            .filter(|c| !c.contains("-ckpt"))
-            .map(String::from)
-            .collect(),
+        Size::Full => memory::CONFIGS.split(',').map(String::from).collect(),
         Size::Small => [
             "full-1",
             "lora-1",
