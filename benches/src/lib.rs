@@ -18,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod core_distance;
+pub mod counting;
 pub mod cpu_speed;
 pub mod memory;
 pub mod products;

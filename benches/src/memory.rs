@@ -174,13 +174,20 @@ impl Default for ProcessMemory {
     }
 }
 
+impl ProcessMemory {
+    /// [`Meter::peak`] for a shared meter.
+    pub fn peak(&self) -> Option<u64> {
+        Some((status_kib("VmHWM:") * 1024).saturating_sub(self.own))
+    }
+}
+
 impl Meter for ProcessMemory {
     fn reset(&mut self) {
         std::fs::write("/proc/self/clear_refs", "5")
             .expect("resetting the peak RSS (/proc/self/clear_refs)");
     }
     fn peak(&self) -> Option<u64> {
-        Some((status_kib("VmHWM:") * 1024).saturating_sub(self.own))
+        ProcessMemory::peak(self)
     }
 }
 

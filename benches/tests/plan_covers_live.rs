@@ -6,66 +6,15 @@
 //! rise above those held when it starts, and not by much more. (`just
 //! bench-memory` sets the whole plan against SmolLM2's peak resident size.)
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::alloc::System;
 use std::sync::Mutex;
 
-use mappa_benches::memory::{measure, Meter, Shape, Weights};
+use mappa_benches::counting::{Counting, CountingMeter};
+use mappa_benches::memory::{measure, Shape, Weights};
 use mappa_model::AutodiffModelBackend;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-struct Counting;
-
-// SAFETY: every call goes to the system allocator unchanged; only the
-// counters move.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            let now = LIVE.fetch_add(new_size, Ordering::Relaxed) + new_size;
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-/// The live bytes' peak since the last reset, less those at the start.
-struct Live {
-    base: usize,
-}
-
-impl Meter for Live {
-    fn reset(&mut self) {
-        PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-    fn peak(&self) -> Option<u64> {
-        None
-    }
-    fn live_peak(&self) -> Option<u64> {
-        Some(PEAK.load(Ordering::Relaxed).saturating_sub(self.base) as u64)
-    }
-    fn live_now(&self) -> Option<u64> {
-        Some(LIVE.load(Ordering::Relaxed).saturating_sub(self.base) as u64)
-    }
-}
+static ALLOCATOR: Counting<System> = Counting::new(System);
 
 /// One measurement at a time: the counters are the process's.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -75,9 +24,7 @@ type Cpu = burn::backend::Autodiff<mappa_model::backend::Cpu>;
 /// The plan's phase and how far the live bytes rose in it.
 fn planned_and_live<B: AutodiffModelBackend>(config: &str) -> (u64, u64) {
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut meter = Live {
-        base: LIVE.load(Ordering::Relaxed),
-    };
+    let mut meter = CountingMeter::new(&ALLOCATOR, None);
     let shape = Shape {
         batch: 4,
         prompt: 32,

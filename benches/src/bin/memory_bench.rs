@@ -5,14 +5,13 @@
 //! ([`mappa_benches::memory`]). Exits with an error when a plan is under
 //! its measured peak or more than 20% over it.
 
-use std::alloc::{GlobalAlloc, Layout};
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::Autodiff;
 use clap::Parser;
+use mappa_benches::counting::{Counting, CountingMeter};
 use mappa_benches::memory::{self, Measured, ProcessMemory, Shape, Weights, PLAN_SLACK};
 use mappa_model::kernels::alloc::Allocator;
 
@@ -59,34 +58,8 @@ impl Args {
     }
 }
 
-/// The process's peak resident size, and the peak of the bytes allocated
-/// and not yet freed (counted by [`Counting`]).
-struct Meter {
-    process: ProcessMemory,
-    base: usize,
-}
-
-impl memory::Meter for Meter {
-    fn reset(&mut self) {
-        self.process.reset();
-        PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
-    fn peak(&self) -> Option<u64> {
-        self.process.peak()
-    }
-    fn live_peak(&self) -> Option<u64> {
-        Some(PEAK.load(Ordering::Relaxed).saturating_sub(self.base) as u64)
-    }
-    fn live_now(&self) -> Option<u64> {
-        Some(LIVE.load(Ordering::Relaxed).saturating_sub(self.base) as u64)
-    }
-}
-
 fn child(config: &str, args: &Args) -> Result<Measured, String> {
-    let mut meter = Meter {
-        process: ProcessMemory::new(),
-        base: LIVE.load(Ordering::Relaxed),
-    };
+    let mut meter = CountingMeter::new(&ALLOCATOR, Some(ProcessMemory::new()));
     let weights = Weights::Checkpoint(args.model.clone());
     let (_, _, modifiers) = memory::parse(config)?;
     match modifiers.checkpointing {
@@ -95,40 +68,9 @@ fn child(config: &str, args: &Args) -> Result<Measured, String> {
     }
 }
 
-/// Bytes allocated and not yet freed, and their peak since the last reset.
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
 /// The `mappa` binary's allocator, counting the bytes it has out.
-struct Counting;
-
-// SAFETY: every call is passed on to mimalloc unchanged; only counters move.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { Allocator.alloc(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { Allocator.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { Allocator.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            let now = LIVE.fetch_add(new_size, Ordering::Relaxed) + new_size;
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: Counting<Allocator> = Counting::new(Allocator);
 
 fn main() {
     mappa_model::kernels::alloc::keep_freed_memory();
