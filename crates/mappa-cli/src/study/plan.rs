@@ -371,6 +371,23 @@ mod tests {
     }
 
     #[test]
+    fn a_confirmatory_study_needs_enough_seeds_to_reach_alpha() {
+        let mut study = arith().study.unwrap();
+        assert!(study.confirmatory);
+        assert_eq!(Profile::Full.seeds(&study).unwrap(), study.seeds);
+        study.seeds = 4;
+        let err = Profile::Full.seeds(&study).unwrap_err().to_string();
+        assert!(
+            err.contains("study.seeds = 4") && err.contains("at least 5"),
+            "{err}"
+        );
+        // Its smoke test, and an exploratory study, may have fewer.
+        assert!(Profile::Quick.seeds(&study).unwrap() < 5);
+        study.confirmatory = false;
+        assert_eq!(Profile::Full.seeds(&study).unwrap(), 4);
+    }
+
+    #[test]
     fn seeds_share_a_warm_start_unless_they_vary_it() {
         let base = arith();
         let study = base.study.clone().unwrap();
