@@ -231,7 +231,7 @@ fn one_arith_step_trains_every_agent_on_its_own_untruncated_actions() {
     );
 
     let credit = CreditConfig::default();
-    let samples = build_samples(&learners, &rollout, &credit).unwrap();
+    let samples = build_samples(&learners, &rollout, &credit).unwrap().samples;
     for (agent, learner) in learners.iter_mut().enumerate() {
         let actions: usize = trajectories
             .iter()

@@ -64,7 +64,7 @@ pub mod strategy;
 
 use serde::{Deserialize, Serialize};
 
-pub use normalise::{advantages, NormScope, SampleKey};
+pub use normalise::{advantages, normalise, NormScope, Normalised, SampleKey, UniformSets};
 pub use shaping::{shape, KlConfig, KlEstimator, KlPlacement, Shaped};
 pub use strategy::{CreditStrategy, ScoredAction, ScoredTrajectory};
 
@@ -143,6 +143,9 @@ pub struct CreditConfig {
     pub gamma: f64,
     /// Over which tokens advantages are normalised.
     pub scope: NormScope,
+    /// What normalisation does with a set whose rewards are all equal.
+    #[serde(skip_serializing_if = "UniformSets::is_keep")]
+    pub uniform: UniformSets,
 }
 
 impl Default for CreditConfig {
@@ -152,6 +155,7 @@ impl Default for CreditConfig {
             kl: KlConfig::default(),
             gamma: 1.0,
             scope: NormScope::PerAgentGlobal,
+            uniform: UniformSets::Keep,
         }
     }
 }
@@ -161,6 +165,7 @@ impl CreditConfig {
     pub fn validate(&self) -> Result<(), CreditError> {
         self.strategy.validate()?;
         self.kl.validate()?;
+        self.uniform.validate(self.scope)?;
         shaping::check_gamma(self.gamma)
     }
 
@@ -187,14 +192,16 @@ impl CreditConfig {
         )
     }
 
-    /// A step's advantages: [`advantages`] with this scope.
+    /// A step's advantages: [`normalise`] with this scope and handling of
+    /// uniform sets; `rewards` has one reward per sample.
     pub fn advantages(
         &self,
         keys: &[SampleKey],
+        rewards: &[f64],
         returns: &[Vec<f64>],
         masks: &[Vec<bool>],
-    ) -> Result<Vec<Vec<f64>>, CreditError> {
-        advantages(keys, returns, masks, self.scope)
+    ) -> Result<Normalised, CreditError> {
+        normalise(keys, rewards, returns, masks, self.scope, self.uniform)
     }
 }
 
@@ -239,8 +246,42 @@ mod tests {
                 },
                 gamma: 0.9,
                 scope: NormScope::GroupMeanThenGlobal,
+                uniform: UniformSets::Keep,
             }
         );
+    }
+
+    #[test]
+    fn uniform_sets_read_from_a_manifest_and_keep_is_not_written() {
+        let read = |text: &str| toml::from_str::<CreditConfig>(text).map(|c| c.uniform);
+        assert_eq!(read("").unwrap(), UniformSets::Keep);
+        assert_eq!(read("uniform = \"skip\"").unwrap(), UniformSets::Skip);
+        assert_eq!(
+            read("uniform = { std_floor = 0.5 }").unwrap(),
+            UniformSets::StdFloor(0.5)
+        );
+        assert!(read("uniform = \"drop\"").is_err());
+        // Keep (the default) leaves the serialised config, and so run ids,
+        // as they were before the option existed.
+        let text = serde_json::to_string(&CreditConfig::default()).unwrap();
+        assert!(!text.contains("uniform"), "{text}");
+        let skip = CreditConfig {
+            uniform: UniformSets::Skip,
+            ..CreditConfig::default()
+        };
+        assert!(serde_json::to_string(&skip)
+            .unwrap()
+            .contains(r#""uniform":"skip""#));
+        // A floor must be positive, and needs a scope that divides.
+        for (floor, scope) in [(0.0, NormScope::PerAgentGlobal), (0.5, NormScope::None)] {
+            let bad = CreditConfig {
+                uniform: UniformSets::StdFloor(floor),
+                scope,
+                ..CreditConfig::default()
+            };
+            let message = bad.validate().unwrap_err().to_string();
+            assert!(message.contains("uniform.std_floor"), "{message}");
+        }
     }
 
     #[test]

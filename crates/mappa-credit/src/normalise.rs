@@ -61,18 +61,172 @@ pub fn advantages(
     scope: NormScope,
 ) -> Result<Vec<Vec<f64>>, CreditError> {
     validate_batch(keys, returns, masks)?;
+    Ok(scoped(keys, returns, masks, scope, 0.0))
+}
+
+/// [`advantages`] with every divisor at least `floor`.
+fn scoped(
+    keys: &[SampleKey],
+    returns: &[Vec<f64>],
+    masks: &[Vec<bool>],
+    scope: NormScope,
+    floor: f64,
+) -> Vec<Vec<f64>> {
     let per_agent = |i: usize| keys[i].agent;
     let per_agent_group = |i: usize| keys[i];
-    Ok(match scope {
-        NormScope::PerAgentGlobal => standardise(returns, masks, per_agent),
-        NormScope::AllAgentsGlobal => standardise(returns, masks, |_| ()),
-        NormScope::PerPromptGroup => standardise(returns, masks, per_agent_group),
+    match scope {
+        NormScope::PerAgentGlobal => standardise(returns, masks, per_agent, floor),
+        NormScope::AllAgentsGlobal => standardise(returns, masks, |_| (), floor),
+        NormScope::PerPromptGroup => standardise(returns, masks, per_agent_group, floor),
         NormScope::GroupMeanThenGlobal => {
             let centred = centre(returns, masks, per_agent_group);
-            standardise(&centred, masks, per_agent)
+            standardise(&centred, masks, per_agent, floor)
         }
         NormScope::None => map_valid(returns, masks, |_, g| g),
+    }
+}
+
+/// What normalisation does with a set of samples whose rewards are all
+/// equal (every trajectory failed, or every one succeeded, under outcome
+/// credit): its returns then differ only by the KL term, which
+/// standardising blows up to unit variance. The set is the scope's: an
+/// agent's samples of the step (`per_agent_global`, and `none`), all
+/// samples (`all_agents_global`), or an agent's samples of one prompt
+/// (`per_prompt_group`, `group_mean_then_global`). Chosen in a manifest as
+/// `[credit] uniform = "keep"`, `"skip"` or `{ std_floor = 0.5 }`.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum UniformSets {
+    /// Standardised like any other set.
+    #[default]
+    Keep,
+    /// No policy-gradient step from it: its advantages are 0 and it enters
+    /// no statistic, as dynamic-sampling filters drop such groups.
+    Skip,
+    /// Every set's advantages are divided by at least this standard
+    /// deviation (in the returns' units), so that a set whose returns
+    /// differ only by the KL term keeps small advantages.
+    StdFloor(f64),
+}
+
+impl UniformSets {
+    /// Whether this is the default (`keep`).
+    pub fn is_keep(&self) -> bool {
+        *self == UniformSets::Keep
+    }
+
+    /// Checks the floor: finite and positive, and only where the scope
+    /// divides by a standard deviation.
+    pub fn validate(&self, scope: NormScope) -> Result<(), CreditError> {
+        let UniformSets::StdFloor(floor) = *self else {
+            return Ok(());
+        };
+        let expected = if scope == NormScope::None {
+            "absent: scope = \"none\" divides by no standard deviation"
+        } else {
+            "finite and above 0"
+        };
+        if scope == NormScope::None || !(floor.is_finite() && floor > 0.0) {
+            return Err(CreditError::InvalidParameter {
+                name: "uniform.std_floor",
+                value: floor,
+                expected,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A step's advantages, and how many of its sets had equal rewards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalised {
+    /// One vector per sample, one value per token, 0 at masked tokens.
+    pub advantages: Vec<Vec<f64>>,
+    /// The sets (per [`UniformSets`]' definition) with a valid token.
+    pub sets: usize,
+    /// Those whose samples' rewards were all equal.
+    pub uniform_sets: usize,
+}
+
+/// [`advantages`], with sets whose `rewards` (one per sample) are all equal
+/// handled as `uniform` says, and counted.
+pub fn normalise(
+    keys: &[SampleKey],
+    rewards: &[f64],
+    returns: &[Vec<f64>],
+    masks: &[Vec<bool>],
+    scope: NormScope,
+    uniform: UniformSets,
+) -> Result<Normalised, CreditError> {
+    validate_batch(keys, returns, masks)?;
+    uniform.validate(scope)?;
+    if rewards.len() != keys.len() {
+        return Err(CreditError::LengthMismatch {
+            what: "rewards (samples)".into(),
+            expected: keys.len(),
+            found: rewards.len(),
+        });
+    }
+    if let Some((i, &value)) = rewards.iter().enumerate().find(|(_, r)| !r.is_finite()) {
+        return Err(CreditError::NonFinite {
+            what: format!("rewards[{i}]"),
+            value,
+        });
+    }
+    let set = |i: usize| match scope {
+        NormScope::AllAgentsGlobal => (None, None),
+        NormScope::PerAgentGlobal | NormScope::None => (Some(keys[i].agent), None),
+        NormScope::PerPromptGroup | NormScope::GroupMeanThenGlobal => {
+            (Some(keys[i].agent), Some(keys[i].group))
+        }
+    };
+    let uniform_of = uniform_sets(rewards, masks, set);
+    let floor = match uniform {
+        UniformSets::StdFloor(floor) => floor,
+        UniformSets::Keep | UniformSets::Skip => 0.0,
+    };
+    // Skipped sets are dropped before any statistic, as if masked.
+    let kept: Vec<Vec<bool>>;
+    let masks = if uniform == UniformSets::Skip {
+        kept = (0..keys.len())
+            .map(|i| match uniform_of.get(&set(i)) {
+                Some(true) => vec![false; masks[i].len()],
+                _ => masks[i].clone(),
+            })
+            .collect();
+        &kept
+    } else {
+        masks
+    };
+    let advantages = scoped(keys, returns, masks, scope, floor);
+    Ok(Normalised {
+        advantages,
+        sets: uniform_of.len(),
+        uniform_sets: uniform_of.values().filter(|&&u| u).count(),
     })
+}
+
+/// Whether each set's samples with a valid token have equal rewards (the
+/// sets without one are left out).
+fn uniform_sets<K: Ord>(
+    rewards: &[f64],
+    masks: &[Vec<bool>],
+    set: impl Fn(usize) -> K,
+) -> BTreeMap<K, bool> {
+    let mut first: BTreeMap<K, (f64, bool)> = BTreeMap::new();
+    for (i, (&reward, mask)) in rewards.iter().zip(masks).enumerate() {
+        if !mask.iter().any(|&m| m) {
+            continue;
+        }
+        first
+            .entry(set(i))
+            .and_modify(|(r, equal)| *equal &= *r == reward)
+            .or_insert((reward, true));
+    }
+    first
+        .into_iter()
+        .map(|(k, (_, equal))| (k, equal))
+        .collect()
 }
 
 fn validate_batch(
@@ -126,11 +280,14 @@ impl SetStats {
         }
     }
 
-    fn standardise(&self, value: f64) -> f64 {
-        if self.std < STD_EPSILON {
+    /// `(value - mean) / max(std, floor)`, or `value - mean` where that
+    /// divisor is below [`STD_EPSILON`].
+    fn standardise(&self, value: f64, floor: f64) -> f64 {
+        let divisor = self.std.max(floor);
+        if divisor < STD_EPSILON {
             value - self.mean
         } else {
-            (value - self.mean) / self.std
+            (value - self.mean) / divisor
         }
     }
 }
@@ -179,14 +336,15 @@ fn map_valid(
         .collect()
 }
 
-/// `(G - mean) / std` per set (only centred where the std is ~0).
+/// `(G - mean) / max(std, floor)` per set (only centred where that is ~0).
 fn standardise<K: Ord>(
     values: &[Vec<f64>],
     masks: &[Vec<bool>],
     set: impl Fn(usize) -> K,
+    floor: f64,
 ) -> Vec<Vec<f64>> {
     let stats = set_stats(values, masks, &set);
-    map_valid(values, masks, |i, x| stats[&set(i)].standardise(x))
+    map_valid(values, masks, |i, x| stats[&set(i)].standardise(x, floor))
 }
 
 /// `G - mean` per set.

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use mappa_credit::{
-    advantages, shape, CreditStrategy, KlConfig, KlEstimator, KlPlacement, NormScope, SampleKey,
-    ScoredAction, ScoredTrajectory,
+    advantages, normalise, shape, CreditStrategy, KlConfig, KlEstimator, KlPlacement, NormScope,
+    SampleKey, ScoredAction, ScoredTrajectory, UniformSets,
 };
 use proptest::prelude::*;
 
@@ -284,5 +284,121 @@ proptest! {
         let min_form = CreditStrategy::MinForm.rewards(&t).unwrap();
         prop_assert!(min_form.iter().zip(&process).all(|(m, p)| m <= p));
         prop_assert!(min_form.windows(2).all(|w| w[0] <= w[1]));
+    }
+}
+
+/// The set whose rewards decide uniformity under `scope` (see
+/// [`UniformSets`]).
+fn uniform_set_of(scope: NormScope, key: SampleKey) -> (usize, usize) {
+    match scope {
+        NormScope::PerAgentGlobal | NormScope::None => (key.agent, usize::MAX),
+        NormScope::AllAgentsGlobal => (usize::MAX, usize::MAX),
+        NormScope::PerPromptGroup | NormScope::GroupMeanThenGlobal => (key.agent, key.group),
+    }
+}
+
+/// Which sets (with a valid token) have equal rewards.
+fn uniform_sets(
+    scope: NormScope,
+    samples: &[Sample],
+    rewards: &[f64],
+) -> BTreeMap<(usize, usize), bool> {
+    let mut seen: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
+    for (s, &r) in samples.iter().zip(rewards) {
+        if s.mask.iter().any(|&m| m) {
+            seen.entry(uniform_set_of(scope, s.key))
+                .or_default()
+                .push(r);
+        }
+    }
+    seen.into_iter()
+        .map(|(k, rs)| (k, rs.iter().all(|&r| r == rs[0])))
+        .collect()
+}
+
+/// A batch with a 0/1 reward per sample, so that sets of equal rewards are
+/// common.
+fn rewarded_batch() -> impl Strategy<Value = (Vec<Sample>, Vec<f64>)> {
+    batch().prop_flat_map(|samples| {
+        let n = samples.len();
+        (
+            Just(samples),
+            prop::collection::vec(prop::bool::ANY.prop_map(f64::from), n),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn keep_is_plain_normalisation_and_counts_the_uniform_sets(
+        (samples, rewards) in rewarded_batch(),
+    ) {
+        let (keys, returns, masks) = columns(&samples);
+        for scope in NORMALISING.into_iter().chain([NormScope::None]) {
+            let kept = normalise(&keys, &rewards, &returns, &masks, scope, UniformSets::Keep)
+                .unwrap();
+            prop_assert_eq!(&kept.advantages, &advantages(&keys, &returns, &masks, scope).unwrap());
+            let expected = uniform_sets(scope, &samples, &rewards);
+            prop_assert_eq!(kept.sets, expected.len());
+            prop_assert_eq!(kept.uniform_sets, expected.values().filter(|&&u| u).count());
+        }
+    }
+
+    #[test]
+    fn skip_zeroes_uniform_sets_and_leaves_them_out_of_every_statistic(
+        (samples, rewards) in rewarded_batch(),
+    ) {
+        let (keys, returns, masks) = columns(&samples);
+        for scope in NORMALISING.into_iter().chain([NormScope::None]) {
+            let skipped = normalise(&keys, &rewards, &returns, &masks, scope, UniformSets::Skip)
+                .unwrap()
+                .advantages;
+            let uniform = uniform_sets(scope, &samples, &rewards);
+            let is_uniform = |s: &Sample| uniform.get(&uniform_set_of(scope, s.key)) == Some(&true);
+            // The same as normalising the batch without those samples.
+            let without: Vec<Vec<bool>> = samples
+                .iter()
+                .map(|s| if is_uniform(s) { vec![false; s.mask.len()] } else { s.mask.clone() })
+                .collect();
+            prop_assert_eq!(&skipped, &advantages(&keys, &returns, &without, scope).unwrap());
+            for (s, a) in samples.iter().zip(&skipped) {
+                if is_uniform(s) {
+                    prop_assert!(a.iter().all(|&x| x == 0.0), "{scope:?}: {a:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_std_floor_bounds_the_divisor_and_changes_nothing_above_it(
+        (samples, rewards) in rewarded_batch(),
+        floor in 0.05..3.0f64,
+    ) {
+        let (keys, returns, masks) = columns(&samples);
+        for scope in [NormScope::PerAgentGlobal, NormScope::AllAgentsGlobal, NormScope::PerPromptGroup] {
+            let floored = normalise(&keys, &rewards, &returns, &masks, scope, UniformSets::StdFloor(floor))
+                .unwrap()
+                .advantages;
+            // Each standardising set's statistics from the returns.
+            let mut members: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
+            for s in &samples {
+                let valid = s.values.iter().zip(&s.mask).filter(|(_, &m)| m).map(|(&x, _)| x);
+                members.entry(set_of(scope, s.key)).or_default().extend(valid);
+            }
+            for (s, a) in samples.iter().zip(&floored) {
+                let Some(set) = members.get(&set_of(scope, s.key)).filter(|v| !v.is_empty()) else {
+                    continue;
+                };
+                let (mean, std) = mean_std(set);
+                for ((&g, &m), &x) in s.values.iter().zip(&s.mask).zip(a) {
+                    if m {
+                        let want = (g - mean) / std.max(floor);
+                        prop_assert!(close(x, want, 1e-9), "{scope:?}: {x} against {want}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -87,7 +87,10 @@ fn step(config: &CreditConfig) -> Value {
             masks.push(mask.to_vec());
         }
     }
-    let advantages = config.advantages(&keys, &returns, &masks).unwrap();
+    let advantages = config
+        .advantages(&keys, &rewards, &returns, &masks)
+        .unwrap()
+        .advantages;
     let samples: Vec<Value> = (0..keys.len())
         .map(|i| {
             json!({

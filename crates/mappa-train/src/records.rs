@@ -93,11 +93,27 @@ pub struct TrainLine {
     /// existed.
     #[serde(default)]
     pub uniform_outcome: Option<UniformOutcome>,
+    /// The normalisation sets whose rewards were all equal, where
+    /// `[credit] uniform` handles them other than by keeping them (absent
+    /// under `keep`, and in records written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uniform_sets: Option<UniformSetsLine>,
     /// The share of tool-using agents' actions that ran code (`None`
     /// when the workflow has no tool).
     pub tool_call_rate: Option<f64>,
     /// Each agent's optimiser step.
     pub agents: Vec<StepMetrics>,
+}
+
+/// A step's normalisation sets and those whose rewards were all equal.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct UniformSetsLine {
+    /// How they were handled (`[credit] uniform`).
+    pub handling: mappa_credit::UniformSets,
+    /// Sets with a valid token (per the normalisation scope).
+    pub sets: usize,
+    /// Those whose samples' rewards were all equal.
+    pub uniform: usize,
 }
 
 /// A training step whose trajectories all ended the same way.

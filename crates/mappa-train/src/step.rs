@@ -9,6 +9,7 @@ use mappa_model::AutodiffModelBackend;
 
 use crate::learner::{AgentLearner, TrainSample};
 use crate::loss::LossConfig;
+use crate::records::UniformSetsLine;
 use crate::{TrainConfig, TrainError};
 
 /// One action of a rollout, with its coach score: a view of the rollout's
@@ -118,6 +119,17 @@ fn logprobs<B: AutodiffModelBackend>(
     Ok((old, reference))
 }
 
+/// A step's training samples, one list per learner (indexed like the
+/// learners), and its normalisation sets whose rewards were all equal.
+#[derive(Debug, Clone)]
+pub struct CreditedStep {
+    /// Each learner's samples.
+    pub samples: Vec<Vec<TrainSample>>,
+    /// The normalisation sets with a valid token, and how many of them had
+    /// equal rewards (`[credit] uniform`).
+    pub uniform_sets: UniformSetsLine,
+}
+
 /// Turn a step's trajectories into training samples, one list per learner
 /// (indexed like `learners`): rewards, log-probs, KL shaping and returns,
 /// then normalisation over the configured scope.
@@ -125,7 +137,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
     learners: &[AgentLearner<B>],
     trajectories: &[RolloutTrajectory<'_>],
     credit: &CreditConfig,
-) -> Result<Vec<Vec<TrainSample>>, TrainError> {
+) -> Result<CreditedStep, TrainError> {
     credit.validate()?;
     let flat = rewards(learners.len(), trajectories, credit)?;
     let (old, reference) = logprobs(learners, &flat)?;
@@ -149,7 +161,14 @@ pub fn build_samples<B: AutodiffModelBackend>(
             group: *group,
         })
         .collect();
-    let advantages = credit.advantages(&keys, &returns, &masks)?;
+    let rewards: Vec<f64> = flat.iter().map(|(_, _, reward)| *reward).collect();
+    let normalised = credit.advantages(&keys, &rewards, &returns, &masks)?;
+    let uniform_sets = UniformSetsLine {
+        handling: credit.uniform,
+        sets: normalised.sets,
+        uniform: normalised.uniform_sets,
+    };
+    let advantages = normalised.advantages;
     let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
     for ((((action, _, reward), mask), advantages), (old, reference)) in flat
         .into_iter()
@@ -167,5 +186,8 @@ pub fn build_samples<B: AutodiffModelBackend>(
             reward,
         });
     }
-    Ok(per_agent)
+    Ok(CreditedStep {
+        samples: per_agent,
+        uniform_sets,
+    })
 }

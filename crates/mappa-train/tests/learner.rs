@@ -540,7 +540,9 @@ fn a_rollout_step_becomes_per_agent_samples_normalised_per_agent() {
             actions: vec![action(0, 5, false, 5.0), action(1, 6, false, 1.0)],
         },
     ];
-    let samples = build_samples(&learners, &trajectories, &CreditConfig::default()).unwrap();
+    let samples = build_samples(&learners, &trajectories, &CreditConfig::default())
+        .unwrap()
+        .samples;
     assert_eq!(samples.len(), 2);
     assert_eq!(samples[0].len(), 3);
     assert_eq!(samples[1].len(), 3);

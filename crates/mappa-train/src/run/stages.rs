@@ -26,7 +26,8 @@ use super::runner::Runner;
 use super::timing::{seconds, TimingLine};
 use crate::learner::{StepMetrics, TrainSample};
 use crate::records::{
-    ActionLine, EvalLine, TrainLine, TrajectoryLine, UniformOutcome, SCHEMA_VERSION,
+    ActionLine, EvalLine, TrainLine, TrajectoryLine, UniformOutcome, UniformSetsLine,
+    SCHEMA_VERSION,
 };
 use crate::step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
 use crate::tasks::{Graded, TaskSet};
@@ -197,6 +198,7 @@ pub(super) fn record(
     workflow: &Workflow,
     scored: &[StepTrajectory],
     agents: Vec<StepMetrics>,
+    uniform_sets: UniformSetsLine,
 ) -> (TrainLine, Vec<TrajectoryLine>) {
     let tally = CoachTally::of(workflow, scored);
     let accuracy =
@@ -209,6 +211,7 @@ pub(super) fn record(
         coach_accuracy: ratios(tally.agreements),
         coach_fallbacks: tally.fallbacks,
         uniform_outcome: UniformOutcome::of(scored.iter().map(|t| t.graded.outcome)),
+        uniform_sets: (!uniform_sets.handling.is_keep()).then_some(uniform_sets),
         tool_call_rate: (tally.tool_actions > 0)
             .then(|| tally.with_code as f64 / tally.tool_actions as f64),
         agents,
@@ -325,10 +328,10 @@ where
         let coach_last_s = seconds(coaching.elapsed());
         let updating = Instant::now();
         let mut scored = assemble(trajectories, graded, scores)?;
-        let samples = self.assign_credit(&mut scored)?;
+        let (samples, uniform_sets) = self.assign_credit(&mut scored)?;
         let agents = self.update(&samples)?;
         let update_s = seconds(updating.elapsed());
-        let (line, rows) = record(step, &self.workflow, &scored, agents);
+        let (line, rows) = record(step, &self.workflow, &scored, agents, uniform_sets);
         let timing = TimingLine {
             phase: "train".into(),
             step,
@@ -457,7 +460,7 @@ where
     fn assign_credit(
         &self,
         scored: &mut [StepTrajectory],
-    ) -> Result<Vec<Vec<TrainSample>>, TrainError> {
+    ) -> Result<(Vec<Vec<TrainSample>>, UniformSetsLine), TrainError> {
         let mask_truncated = self.manifest.rollout.mask_truncated;
         let rollout: Vec<RolloutTrajectory<'_>> = scored
             .iter()
@@ -479,7 +482,8 @@ where
                     .collect(),
             })
             .collect();
-        let samples = build_samples(&self.learners, &rollout, &self.manifest.credit)?;
+        let credited = build_samples(&self.learners, &rollout, &self.manifest.credit)?;
+        let samples = credited.samples;
         // Samples are per agent, in trajectory order.
         let mut next = vec![0usize; samples.len()];
         let credit: Vec<Vec<ActionCredit>> = rollout
@@ -508,7 +512,7 @@ where
         for (t, credit) in scored.iter_mut().zip(credit) {
             t.credit = credit;
         }
-        Ok(samples)
+        Ok((samples, credited.uniform_sets))
     }
 
     /// Stage 6: one optimiser step per agent on its own samples.
