@@ -219,6 +219,15 @@ fn finals_section(data: &StudyData, arms: &[ArmSummary], verdict: Option<&Verdic
             pct(arm.all_succeeded_steps),
         ));
     }
+    for arm in arms {
+        if let Some(share) = arm.uniform_sets {
+            md.push_str(&format!(
+                "\n`{}`: {} of its normalisation sets had equal rewards (`[credit] uniform`).\n",
+                arm.label,
+                pct(share)
+            ));
+        }
+    }
     let r = &data.base.rollout;
     md.push_str(&format!(
         "\nRollouts are training trajectories ({} per step) until the arm's mean curve first reached `{reference}`'s final mean accuracy ({}); evaluations happen every {} steps, so this is resolved to that grain. The last column is the share of training steps (over all seeds) in which every trajectory failed, or every one succeeded: in such a step outcome-only credit has nothing to compare and learns only from the KL term.\n\n",

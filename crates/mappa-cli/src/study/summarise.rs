@@ -53,6 +53,11 @@ pub struct ArmSummary {
     pub all_failed_steps: f64,
     /// The share of training steps in which every trajectory succeeded.
     pub all_succeeded_steps: f64,
+    /// Under `[credit] uniform = "skip"` or a floor: the share of
+    /// normalisation sets (over every step and seed) whose rewards were all
+    /// equal (None where no step recorded them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uniform_sets: Option<f64>,
     /// A simulated coach's accuracy per role over every training step and
     /// seed (the mean of the steps' `coach_accuracy`; empty when unknown).
     pub coach_accuracy: BTreeMap<String, f64>,
@@ -171,6 +176,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         .map(|(i, r)| run_seed(r).unwrap_or(i as u64))
         .collect();
     let (mut steps, mut all_failed, mut all_succeeded) = (0usize, 0usize, 0usize);
+    let mut sets: Option<(usize, usize)> = None;
     let mut accuracy: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     for step in runs.iter().flat_map(|r| r.train_steps()) {
         steps += 1;
@@ -178,6 +184,11 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
             Some(UniformOutcome::AllFailed) => all_failed += 1,
             Some(UniformOutcome::AllSucceeded) => all_succeeded += 1,
             None => {}
+        }
+        if let Some(line) = step.uniform_sets {
+            let (all, uniform) = sets.get_or_insert((0, 0));
+            *all += line.sets;
+            *uniform += line.uniform;
         }
         for (role, a) in &step.coach_accuracy {
             let e = accuracy.entry(role.clone()).or_default();
@@ -213,6 +224,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         rollouts_to_baseline_final: None,
         all_failed_steps: share(all_failed),
         all_succeeded_steps: share(all_succeeded),
+        uniform_sets: sets.map(|(all, uniform)| uniform as f64 / all.max(1) as f64),
         coach_accuracy: accuracy
             .into_iter()
             .map(|(role, (sum, n))| (role, sum / n as f64))
@@ -287,6 +299,7 @@ impl ArmSummary {
             rollouts_to_baseline_final: None,
             all_failed_steps: 0.0,
             all_succeeded_steps: 0.0,
+            uniform_sets: None,
             coach_accuracy: BTreeMap::new(),
             reward: BTreeMap::new(),
             coach_score: BTreeMap::new(),
