@@ -121,7 +121,7 @@ hf-roundtrip: setup-torch
 bench-kernels *ARGS:
     cargo bench -p mappa-benches --bench kernels --locked -- {{ARGS}}
 
-# Peak memory and step time of training updates on SmolLM2-135M (needs `just models`): full fine-tuning against LoRA, one agent against three on one shared base, each in a fresh process, beside the memory plan's prediction (about 5 minutes).
+# Peak memory and step time of training updates on SmolLM2-135M (needs `just models`): full fine-tuning against LoRA, one agent against three on one shared base, each in a fresh process, beside the memory plan's prediction; exits 1 when a plan is under its measured peak or more than 20% over it (about 8 minutes).
 bench-memory *ARGS: models
     cargo build --release --locked -p mappa-benches --bin memory_bench
     mkdir -p target/bench
