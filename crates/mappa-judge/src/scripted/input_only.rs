@@ -6,12 +6,16 @@
 //! value) from the action's input alone, by re-deriving the right action
 //! itself and comparing:
 //!
-//! - it re-derives with its own slip rate `epsilon`, making the agents' own
-//!   kind of mistake ([`mappa_env::slips`]): when it slips the way the agent
-//!   did, it accepts the agent's slip, so its errors are correlated with the
-//!   policy's;
+//! - its derivation starts from the task's right plan (it solves the
+//!   problem exactly) and then slips at its own rate `epsilon`, making the
+//!   agents' own kind of mistake ([`mappa_env::slips`]); when it slips the
+//!   way the agent did, it accepts the agent's slip. Its slips are drawn per
+//!   action, independently of the problem and of whether the agent slipped:
+//!   alike in kind, not tied to the same hard instances, so they act as
+//!   symmetric label noise;
 //! - with probability `blame_leak` (`b`) it blames an action that faithfully
-//!   relayed a wrong input;
+//!   relayed a wrong input (wrong by the task's answer, not by its own
+//!   derivation);
 //! - it adds `short_plan_bias` (`delta`) to a plan shorter than its own
 //!   derivation: a surface feature of the commonest mistake (leaving out
 //!   the last operation);
