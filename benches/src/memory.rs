@@ -356,8 +356,7 @@ fn predicted_update<B: ModelBackend>(
         engine_reservation: 0,
         kernels: Kernels::of::<B>(),
     };
-    let plan_of = |inputs: &PlanInputs| plan(inputs);
-    let all = plan_of(&inputs);
+    let all = plan(&inputs);
     // Replicas are copied from the policy at each update and dropped after
     // it: part of the measured phase.
     let mains = PlanInputs {
@@ -369,7 +368,7 @@ fn predicted_update<B: ModelBackend>(
             .collect(),
         ..inputs.clone()
     };
-    let replicas = all.phase(Phase::Held) - plan_of(&mains).phase(Phase::Held);
+    let replicas = all.phase(Phase::Held) - plan(&mains).phase(Phase::Held);
     let update = workers(m) as u64 * all.phase(Phase::Update);
     let tensors = all.phase(Phase::Held) + update.max(all.phase(Phase::Load));
     Planned {

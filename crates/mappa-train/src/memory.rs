@@ -207,11 +207,15 @@ pub struct MemoryPlan {
 /// below 2^53, far beyond any real device) and saturate at `u64::MAX`, so
 /// that an absurd manifest can never wrap around to a plan that fits.
 fn bytes(floats: f64) -> u64 {
-    let b = floats * F32;
-    if b >= u64::MAX as f64 {
+    saturating(floats * F32)
+}
+
+/// `x` as a whole number of bytes, `u64::MAX` at or beyond it.
+fn saturating(x: f64) -> u64 {
+    if x >= u64::MAX as f64 {
         u64::MAX
     } else {
-        b as u64
+        x as u64
     }
 }
 
@@ -845,12 +849,7 @@ pub fn plan(inputs: &PlanInputs) -> MemoryPlan {
 /// ([`RESERVE_FRACTION`]; on the CPU also [`RESERVE_PER_PROCESS`] and
 /// [`RESERVE_PER_THREAD`]).
 pub fn reserve_for(bytes: u64, kernels: Kernels) -> u64 {
-    let fraction = bytes as f64 * RESERVE_FRACTION;
-    let fraction = if fraction >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        fraction as u64
-    };
+    let fraction = saturating(bytes as f64 * RESERVE_FRACTION);
     let fixed = match kernels {
         Kernels::Cpu { threads } => {
             RESERVE_PER_PROCESS.saturating_add(RESERVE_PER_THREAD.saturating_mul(threads as u64))
