@@ -153,6 +153,60 @@ impl Audit {
     }
 }
 
+/// Audited actions of one role, counted by whether the agent was wrong and
+/// whether the coach was: how often they fail together.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorTable {
+    /// Audited actions.
+    pub actions: usize,
+    /// Of which the agent did its part wrong.
+    pub agent_wrong: usize,
+    /// Of which the coach's verdict disagreed with the truth.
+    pub coach_wrong: usize,
+    /// Of which both.
+    pub both: usize,
+}
+
+impl ErrorTable {
+    /// Count one audited action.
+    pub fn add(&mut self, audit: Audit) {
+        let (agent, coach) = (!audit.truly_right, !audit.agrees());
+        self.actions += 1;
+        self.agent_wrong += usize::from(agent);
+        self.coach_wrong += usize::from(coach);
+        self.both += usize::from(agent && coach);
+    }
+
+    /// The sum of two tables.
+    pub fn merged(self, other: Self) -> Self {
+        Self {
+            actions: self.actions + other.actions,
+            agent_wrong: self.agent_wrong + other.agent_wrong,
+            coach_wrong: self.coach_wrong + other.coach_wrong,
+            both: self.both + other.both,
+        }
+    }
+
+    /// The coach's accuracy: the share of actions it judged as the truth has it.
+    pub fn coach_accuracy(&self) -> Option<f64> {
+        (self.actions > 0).then(|| 1.0 - self.coach_wrong as f64 / self.actions as f64)
+    }
+
+    /// The phi coefficient (Pearson's correlation of the two 0/1
+    /// variables) between the coach being wrong and the agent being wrong;
+    /// `None` when either never or always happens.
+    pub fn phi(&self) -> Option<f64> {
+        let n = self.actions as f64;
+        let (a, c, both) = (
+            self.agent_wrong as f64,
+            self.coach_wrong as f64,
+            self.both as f64,
+        );
+        let spread = a * (n - a) * c * (n - c);
+        (spread > 0.0).then(|| (n * both - a * c) / spread.sqrt())
+    }
+}
+
 /// Why an action got the fallback score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FallbackKind {
@@ -199,5 +253,48 @@ impl ActionScore {
     /// The reward the trainer uses: `score / 10`, in [0, 1].
     pub fn reward(&self) -> f64 {
         self.score / 10.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(rows: &[(bool, bool, usize)]) -> ErrorTable {
+        let mut t = ErrorTable::default();
+        for &(judged_right, truly_right, n) in rows {
+            for _ in 0..n {
+                t.add(Audit {
+                    judged_right,
+                    truly_right,
+                });
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn phi_is_the_correlation_of_coach_and_agent_errors() {
+        // The coach errs exactly on the agent's wrong actions: phi = 1.
+        let together = table(&[(true, true, 30), (true, false, 10)]);
+        assert_eq!(
+            (together.agent_wrong, together.coach_wrong, together.both),
+            (10, 10, 10)
+        );
+        assert!((together.phi().unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(together.coach_accuracy(), Some(0.75));
+        // Errors at the same rate on right and wrong actions: phi = 0.
+        let independent = table(&[
+            (true, true, 18),
+            (false, true, 2),
+            (false, false, 18),
+            (true, false, 2),
+        ]);
+        assert!(independent.phi().unwrap().abs() < 1e-12);
+        // A coach that never errs has no correlation to report.
+        assert_eq!(table(&[(true, true, 3), (false, false, 3)]).phi(), None);
+        let sum = together.merged(independent);
+        assert_eq!(sum.actions, 80);
+        assert_eq!(sum.both, 12);
     }
 }

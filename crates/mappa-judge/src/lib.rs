@@ -38,7 +38,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use context::{
-    ActionContext, ActionScore, Audit, FallbackKind, FileLists, GroundTruth, KnownSolution,
+    ActionContext, ActionScore, Audit, ErrorTable, FallbackKind, FileLists, GroundTruth,
+    KnownSolution,
 };
 
 /// Scores actions.

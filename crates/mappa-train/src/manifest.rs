@@ -77,6 +77,14 @@ pub struct WarmStart {
     /// What a wrong action looks like (`digit` by default).
     #[serde(default)]
     pub slips: SlipKind,
+    /// How much a role's error rate grows with the difficulty of the plan
+    /// it writes or relays ([`mappa_env::slips::difficulty`], arith teacher
+    /// only): the rate on a plan of difficulty `d` is `rate * (1 + w) *
+    /// d^w`, clamped to [0, 1] ([`mappa_env::slips::slip_probability`]); a
+    /// relayed value keeps `rate`. 0 (the default): the same rate on every
+    /// instance.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub difficulty_weight: f64,
     /// Supervised settings.
     #[serde(default)]
     pub sft: crate::sft::SftConfig,
@@ -84,6 +92,12 @@ pub struct WarmStart {
 
 /// The kind of mistake the warm-start teacher makes at its error rates.
 pub use mappa_env::slips::SlipKind;
+
+/// For `skip_serializing_if`: a setting at its default of 0 stays out of
+/// the manifest's serialised form (and so out of its hash).
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
 
 /// A file with its expected hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

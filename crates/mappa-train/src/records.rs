@@ -81,6 +81,12 @@ pub struct TrainLine {
     /// whose truth is unknown (LLM coaches).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub coach_accuracy: BTreeMap<String, f64>,
+    /// A simulated coach's errors against the agents' per role, from the
+    /// same audit: how often they fail on the same actions (absent for
+    /// coaches whose truth is unknown, and in records written before it
+    /// existed).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub coach_errors: BTreeMap<String, mappa_judge::ErrorTable>,
     /// Actions that got the coach's fallback score, by reason (`format`: the
     /// coach answered without a score; `request-failed`: it never answered).
     /// Absent in records written before it existed.

@@ -361,6 +361,36 @@ fn coach_accuracy_section(arms: &[ArmSummary]) -> String {
         }
         md.push('\n');
     }
+    md.push_str(&coach_error_correlation(arms, &roles));
+    md
+}
+
+/// Per arm and role, the correlation (phi) between the coach being wrong
+/// and the agent being wrong on the same action, where recorded: near 0
+/// when the coach's mistakes are independent of the agents', positive when
+/// it tends to fail where they fail.
+fn coach_error_correlation(arms: &[ArmSummary], roles: &[&String]) -> String {
+    let arms: Vec<&ArmSummary> = arms.iter().filter(|a| !a.coach_errors.is_empty()).collect();
+    if arms.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\nThe correlation (phi) between the coach being wrong and the agent being wrong on the same action: about 0 when the coach's mistakes are independent of the agents', positive when it tends to fail where they fail (- where either never or always happened).\n\n| arm |");
+    for role in roles {
+        md.push_str(&format!(" {role} |"));
+    }
+    md.push_str(&format!("\n|---|{}\n", "---|".repeat(roles.len())));
+    for arm in arms {
+        md.push_str(&format!("| {} |", arm.label));
+        for role in roles {
+            let cell = arm
+                .coach_errors
+                .get(*role)
+                .and_then(|t| t.phi())
+                .map_or("-".into(), |phi| format!("{phi:+.2}"));
+            md.push_str(&format!(" {cell} |"));
+        }
+        md.push('\n');
+    }
     md
 }
 
@@ -370,6 +400,7 @@ fn describe_coach(coach: &CoachConfig) -> String {
         Judge::Scripted(s) => match s.view {
             View::Oracle => format!("a **scripted coach**, oracle view ({} preset): simulated, a rule-based judge that reads each generated task's known solution for every action, not an LLM", s.strength.name()),
             View::InputOnly => format!("a **scripted coach**, input-only view ({} preset, slip rate {}, blame leak {}, short-plan bias {:+}): simulated, a rule-based judge that re-derives each action from its input, with only the last agent's coach seeing the answer, not an LLM", s.strength.name(), s.slip_rate, s.blame_leak, s.short_plan_bias),
+            View::TaskTied => format!("a **scripted coach**, task-tied view ({} preset, slip rate {} tilted by difficulty with weight {}, blame leak {}, short-plan bias {:+}): simulated, a rule-based judge that re-derives each action from its input once per task, slipping more on harder instances as the agents do, with only the last agent's coach seeing the answer, not an LLM", s.strength.name(), s.slip_rate, s.difficulty_weight, s.blame_leak, s.short_plan_bias),
         },
         Judge::OpenAi(o) => format!("an LLM coach, `{}` at {}", o.model, o.base_url),
         Judge::Local(l) => format!("a local model as LLM coach ({})", l.checkpoint.display()),

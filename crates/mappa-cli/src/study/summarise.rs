@@ -15,6 +15,7 @@ use super::{ArmGroup, StudyData};
 use crate::plot::Point;
 use crate::report::RunData;
 use mappa_core::stats::mean_sample_std;
+use mappa_judge::ErrorTable;
 
 /// One arm's numbers.
 #[derive(Debug, Clone, Serialize)]
@@ -61,6 +62,11 @@ pub struct ArmSummary {
     /// A simulated coach's accuracy per role over every training step and
     /// seed (the mean of the steps' `coach_accuracy`; empty when unknown).
     pub coach_accuracy: BTreeMap<String, f64>,
+    /// A simulated coach's errors against the agents' per role, summed over
+    /// every training step and seed (empty when unknown, and for runs
+    /// recorded before steps kept them).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub coach_errors: BTreeMap<String, ErrorTable>,
     /// Per agent: mean training reward per step, mean over seeds.
     pub reward: BTreeMap<String, Vec<Point>>,
     /// Per agent: mean coach score per step (0-10), mean over seeds.
@@ -178,6 +184,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
     let (mut steps, mut all_failed, mut all_succeeded) = (0usize, 0usize, 0usize);
     let mut sets: Option<(usize, usize)> = None;
     let mut accuracy: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    let mut errors: BTreeMap<String, ErrorTable> = BTreeMap::new();
     for step in runs.iter().flat_map(|r| r.train_steps()) {
         steps += 1;
         match step.uniform_outcome {
@@ -194,6 +201,10 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
             let e = accuracy.entry(role.clone()).or_default();
             e.0 += a;
             e.1 += 1;
+        }
+        for (role, table) in &step.coach_errors {
+            let e = errors.entry(role.clone()).or_default();
+            *e = e.merged(*table);
         }
     }
     let share = |n: usize| n as f64 / steps.max(1) as f64;
@@ -229,6 +240,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
             .into_iter()
             .map(|(role, (sum, n))| (role, sum / n as f64))
             .collect(),
+        coach_errors: errors,
         reward: agent_average(&rewards),
         coach_score: agent_average(&scores),
     }
@@ -301,6 +313,7 @@ impl ArmSummary {
             all_succeeded_steps: 0.0,
             uniform_sets: None,
             coach_accuracy: BTreeMap::new(),
+            coach_errors: BTreeMap::new(),
             reward: BTreeMap::new(),
             coach_score: BTreeMap::new(),
         }

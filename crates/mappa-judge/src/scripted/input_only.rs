@@ -23,6 +23,17 @@
 //!   answer), behind the same `coach_sees_ground_truth` switch as an LLM
 //!   coach; then it judges the boxed answer against it.
 //!
+//! The task-tied view ([`TaskTied`]) changes two things, so that the coach
+//! fails where the agents fail: its derivation is drawn once per task and
+//! role (one uniform from a stream named after the task's text, shared by
+//! every action on that task, in every step), with a slip probability that
+//! grows with the difficulty of the plan it derives
+//! ([`mappa_env::slips::difficulty`], the feature the warm-start teacher
+//! tilts the agents' slips by; a relayed value's slip stays at the base
+//! rate); and blame leaks onto a faithful relay of an
+//! input that is wrong by the coach's own derivation of the plan (or of
+//! its value), never by the task's answer.
+//!
 //! The simulation reads the task's known solution for two things only: the
 //! right plan for the problem (what a solver re-derives from the problem
 //! statement, the Problem Solver's input) and, for `blame_leak`, whether an
@@ -31,9 +42,10 @@
 //! faithful relay of a wrong value is right), so the coach's accuracy per
 //! role can be reported.
 
-use mappa_core::rng::RngStream;
+use mappa_core::hash::sha256_hex;
+use mappa_core::rng::{RngStream, SeedTree};
 use mappa_env::math::grade_response;
-use mappa_env::slips::{slip, SlipKind};
+use mappa_env::slips::{evaluate, rate_for, slip, SlipKind};
 
 use super::oracle::tool_failed;
 use crate::context::{ActionContext, KnownSolution};
@@ -52,6 +64,19 @@ pub(super) struct InputOnly {
     pub short_plan_bias: f64,
     /// Whether the last agent's coach sees the reference answer.
     pub sees_ground_truth: bool,
+    /// `None`: slips drawn per action (the input-only view); `Some`: drawn
+    /// once per task (the task-tied view).
+    pub tied: Option<TaskTied>,
+}
+
+/// The task-tied view's derivation: one draw per task and role.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct TaskTied {
+    /// How much the slip probability grows with difficulty (`w` in
+    /// [`slip_probability`]).
+    pub difficulty_weight: f64,
+    /// Seeds of the per-task streams.
+    pub seeds: SeedTree,
 }
 
 /// A verdict, the truth it is measured against, and the score offset.
@@ -111,16 +136,60 @@ impl InputOnly {
             blame_leak: 0.0,
             short_plan_bias: 0.0,
             sees_ground_truth: false,
+            tied: None,
         }
     }
 
-    /// The coach's own derivation of `right`: `right`, or its slip.
-    fn derive(&self, role: &str, right: &str, rng: &mut RngStream) -> String {
-        if rng.uniform() < self.slip_rate {
-            slip(self.slips, role, right, rng)
+    /// The coach's own derivation of `right` for `role` on `task`: `right`,
+    /// or its slip, drawn from the action's stream `rng` (input-only) or
+    /// from the task's stream for the role (task-tied).
+    fn derive(&self, role: &str, right: &str, task: &str, rng: &mut RngStream) -> String {
+        match self.tied {
+            None if rng.uniform() < self.slip_rate => slip(self.slips, role, right, rng),
+            None => right.to_string(),
+            Some(tied) => self.derive_for_task(tied, role, right, task),
+        }
+    }
+
+    /// The task-tied derivation: one uniform per (task, role), against a
+    /// slip probability tilted by the difficulty of `right`.
+    fn derive_for_task(&self, tied: TaskTied, role: &str, right: &str, task: &str) -> String {
+        let key = sha256_hex(task.as_bytes());
+        let mut draw = tied
+            .seeds
+            .stream(&format!("scripted-coach/task/{key}/{role}"));
+        if draw.uniform() < rate_for(self.slip_rate, tied.difficulty_weight, right) {
+            slip(self.slips, role, right, &mut draw)
         } else {
             right.to_string()
         }
+    }
+
+    /// Whether a handed plan is wrong, for blame leakage: against the
+    /// task's plan (input-only), or against the coach's own derivation of
+    /// it (task-tied).
+    fn plan_looks_wrong(&self, handed: &str, right: &str, task: &str) -> bool {
+        let believed = match self.tied {
+            None => right.to_string(),
+            Some(tied) => self.derive_for_task(tied, "problem_solver", right, task),
+        };
+        norm(handed) != norm(&believed)
+    }
+
+    /// Whether a handed value is wrong, for blame leakage: against the
+    /// task's answer (input-only), or against the value of the coach's own
+    /// plan (task-tied; no leak where that plan cannot be evaluated).
+    fn value_looks_wrong(&self, handed: &str, solution: &KnownSolution, task: &str) -> bool {
+        let handed = format!("\\boxed{{{handed}}}");
+        let answer = solution.answer.as_deref().unwrap_or("");
+        let (Some(tied), Some(right)) = (self.tied, solution.plan.as_deref()) else {
+            return !boxes(answer, &handed);
+        };
+        let believed = self.derive_for_task(tied, "problem_solver", right, task);
+        if norm(&believed) == norm(right) {
+            return !boxes(answer, &handed);
+        }
+        evaluate(&believed).is_some_and(|v| !boxes(&v.to_string(), &handed))
     }
 
     /// Judge one action; `rng` is the action's own stream.
@@ -155,7 +224,7 @@ impl InputOnly {
     /// The Problem Solver: its plan against the coach's own plan for the problem.
     fn judge_plan(&self, ctx: &ActionContext, right: &str, rng: &mut RngStream) -> Judgement {
         let written = labelled(&ctx.output, "Plan:").unwrap_or(ctx.output.trim());
-        let derived = self.derive("problem_solver", right, rng);
+        let derived = self.derive("problem_solver", right, &ctx.task, rng);
         let shorter = norm(written).len() < norm(&derived).len();
         Judgement {
             judged_right: norm(written) == norm(&derived),
@@ -175,9 +244,11 @@ impl InputOnly {
     ) -> Judgement {
         let handed = labelled(&ctx.agent_input, "Plan:").unwrap_or("");
         let written = labelled(&ctx.output, "Plan:").unwrap_or(ctx.output.trim());
-        let derived = self.derive("plan_checker", handed, rng);
+        let derived = self.derive("plan_checker", handed, &ctx.task, rng);
         let faithful = !written.is_empty() && norm(written) == norm(handed);
-        let leak = faithful && norm(handed) != norm(right) && rng.uniform() < self.blame_leak;
+        let leak = faithful
+            && self.plan_looks_wrong(handed, right, &ctx.task)
+            && rng.uniform() < self.blame_leak;
         let shorter = norm(written).len() < norm(&derived).len();
         Judgement {
             judged_right: norm(written) == norm(&derived) && !leak,
@@ -195,9 +266,11 @@ impl InputOnly {
         let handed = labelled(&ctx.agent_input, "Plan:").unwrap_or("");
         let printed = printed_expression(&ctx.output).unwrap_or("");
         let ran = !tool_failed(ctx.tool_observation.as_deref()) && !printed.is_empty();
-        let derived = self.derive("code_executor", handed, rng);
+        let derived = self.derive("code_executor", handed, &ctx.task, rng);
         let faithful = ran && norm(printed) == norm(handed);
-        let leak = faithful && norm(handed) != norm(right) && rng.uniform() < self.blame_leak;
+        let leak = faithful
+            && self.plan_looks_wrong(handed, right, &ctx.task)
+            && rng.uniform() < self.blame_leak;
         Judgement {
             judged_right: ran && norm(printed) == norm(&derived) && !leak,
             truly_right: faithful,
@@ -228,7 +301,7 @@ impl InputOnly {
                 why: format!("boxes the reference answer: {}", boxes(answer, &ctx.output)),
             };
         }
-        self.judge_value_relay("verifier", "boxes", handed, &ctx.output, solution, rng)
+        self.judge_value_relay(ctx, "boxes", (handed, &ctx.output), solution, rng)
     }
 
     /// The Output Reader (`arith-chain`): the value it restates (its first
@@ -246,27 +319,27 @@ impl InputOnly {
             .find(|l| !l.trim().is_empty())
             .unwrap_or("");
         let shown = format!("\\boxed{{{}}}", written.trim());
-        self.judge_value_relay("output_reader", "restates", handed, &shown, solution, rng)
+        self.judge_value_relay(ctx, "restates", (handed, &shown), solution, rng)
     }
 
     /// A role that hands on the printed value `handed` (what it wrote,
     /// boxed: `shown`; `verb` says how, in the account): judged against the
     /// coach's own reading of it, with blame leaking onto a faithful relay
-    /// of a value that is not the answer.
+    /// of a value that is not the answer (by the task's answer, or by the
+    /// coach's own plan when task-tied).
     fn judge_value_relay(
         &self,
-        role: &str,
+        ctx: &ActionContext,
         verb: &str,
-        handed: &str,
-        shown: &str,
+        (handed, shown): (&str, &str),
         solution: &KnownSolution,
         rng: &mut RngStream,
     ) -> Judgement {
         let faithful = boxes(handed, shown);
-        let answer = solution.answer.as_deref().unwrap_or("");
-        let derived = self.derive(role, handed, rng);
-        let wrong_input = !boxes(answer, &format!("\\boxed{{{handed}}}"));
-        let leak = faithful && wrong_input && rng.uniform() < self.blame_leak;
+        let derived = self.derive(&ctx.role, handed, &ctx.task, rng);
+        let leak = faithful
+            && self.value_looks_wrong(handed, solution, &ctx.task)
+            && rng.uniform() < self.blame_leak;
         Judgement {
             judged_right: boxes(&derived, shown) && !leak,
             truly_right: faithful,
@@ -505,5 +578,148 @@ mod tests {
             )
             .unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");
+    }
+
+    fn tied(slip_rate: f64, difficulty_weight: f64, blame_leak: f64) -> InputOnly {
+        InputOnly {
+            slip_rate,
+            blame_leak,
+            tied: Some(TaskTied {
+                difficulty_weight,
+                seeds: SeedTree::new(7),
+            }),
+            ..exact(false)
+        }
+    }
+
+    /// A Problem Solver's action on the problem with plan `plan`.
+    fn solver_on(plan: &str, written: &str) -> (ActionContext, KnownSolution) {
+        let solution = KnownSolution {
+            task_kind: "small_arithmetic".into(),
+            answer: mappa_env::slips::evaluate(plan).map(|v| v.to_string()),
+            plan: Some(plan.into()),
+            ..Default::default()
+        };
+        let c = ActionContext {
+            id: "t/problem_solver".into(),
+            task: format!("Compute ${plan}$."),
+            role: "problem_solver".into(),
+            agent_input: format!("[user]\nCompute ${plan}$."),
+            output: format!("Plan: {written}"),
+            solution: Some(solution.clone()),
+            ..Default::default()
+        };
+        (c, solution)
+    }
+
+    #[test]
+    fn the_task_tied_derivation_is_drawn_once_per_task() {
+        let coach = tied(0.5, 0.0, 0.0);
+        let mut slipped = 0;
+        for a in 2..42 {
+            let plan = format!("({a} + 3) * 4");
+            let verdicts: Vec<bool> = (0..6)
+                .map(|i| {
+                    // Every action on the task, whatever its stream.
+                    let (c, sol) = solver_on(&plan, &plan);
+                    let mut rng = SeedTree::new(i).stream("action");
+                    coach.judge(&c, &sol, &mut rng).unwrap().judged_right
+                })
+                .collect();
+            assert!(
+                verdicts.iter().all(|&v| v == verdicts[0]),
+                "{plan}: {verdicts:?}"
+            );
+            slipped += usize::from(!verdicts[0]);
+        }
+        assert!(
+            (8..=32).contains(&slipped),
+            "{slipped} of 40 tasks slipped at 0.5"
+        );
+        // The input-only view draws per action: the same task gets both verdicts.
+        let per_action = InputOnly {
+            tied: None,
+            ..coach
+        };
+        let (c, sol) = solver_on("(5 + 3) * 4", "(5 + 3) * 4");
+        let verdicts: Vec<bool> = (0..40)
+            .map(|i| {
+                let mut rng = SeedTree::new(i).stream("action");
+                per_action.judge(&c, &sol, &mut rng).unwrap().judged_right
+            })
+            .collect();
+        assert!(verdicts.contains(&true) && verdicts.contains(&false));
+    }
+
+    #[test]
+    fn the_task_tied_coach_slips_more_on_harder_instances() {
+        let coach = tied(0.3, 1.0, 0.0);
+        let share_slipped = |op: &str| {
+            let slips = (2..202)
+                .filter(|a| {
+                    let plan = format!("({a} * 2) {op} 19");
+                    let (c, sol) = solver_on(&plan, &plan);
+                    let mut rng = SeedTree::new(1).stream("action");
+                    !coach.judge(&c, &sol, &mut rng).unwrap().judged_right
+                })
+                .count();
+            slips as f64 / 200.0
+        };
+        let (easy, hard) = (share_slipped("+"), share_slipped("*"));
+        // d = 0.11 (+ 19) against 0.86 (* 19): p = 0.06 against 0.51.
+        assert!(easy < 0.22 && hard > 0.33, "easy {easy}, hard {hard}");
+    }
+
+    #[test]
+    fn task_tied_blame_follows_the_coachs_own_derivation() {
+        // Always slipping, the coach believes the short plan (12 - 7) * 5.
+        let coach = tied(1.0, 0.0, 1.0);
+        let plan = "(12 - 7) * 5 + 1";
+        let (solver, sol) = solver_on(plan, plan);
+        let relay = |handed: &str| ActionContext {
+            role: "code_executor".into(),
+            agent_input: format!("[user]\nPlan: {handed}"),
+            output: format!("```python\nprint({handed})\n```"),
+            tool_observation: Some("x\n".into()),
+            ..solver.clone()
+        };
+        let judge = |c: &ActionContext| {
+            coach
+                .judge(c, &sol, &mut SeedTree::new(1).stream("t"))
+                .unwrap()
+        };
+        let short = judge(&relay("(12 - 7) * 5"));
+        assert!(
+            !short.why.contains("blamed"),
+            "no blame for what it believes: {short:?}"
+        );
+        let right = judge(&relay(plan));
+        assert!(
+            right.why.contains("blamed") && right.truly_right,
+            "{right:?}"
+        );
+        // The input-only view blames by the truth instead.
+        let by_truth = InputOnly {
+            tied: None,
+            ..coach
+        };
+        let short = by_truth
+            .judge(
+                &relay("(12 - 7) * 5"),
+                &sol,
+                &mut SeedTree::new(1).stream("t"),
+            )
+            .unwrap();
+        assert!(short.why.contains("blamed"), "{short:?}");
+        // A relayed value is wrong by the value of the coach's own plan (25).
+        let verifier = |handed: &str| ActionContext {
+            role: "verifier".into(),
+            agent_input: format!("[user]\nOutput:\n{handed}"),
+            output: format!("\\boxed{{{handed}}}"),
+            is_last_agent: true,
+            ..solver.clone()
+        };
+        assert!(!judge(&verifier("25")).why.contains("blamed"));
+        assert!(judge(&verifier("26")).why.contains("blamed"));
     }
 }

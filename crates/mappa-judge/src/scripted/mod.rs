@@ -13,6 +13,12 @@
 //!   faithful relay of a wrong input (`blame_leak`), and favours short
 //!   plans (`short_plan_bias`); only the last agent's coach may see the
 //!   answer (`coach_sees_ground_truth`).
+//! - `task-tied` ([`input_only`] too): the input-only coach, but its
+//!   derivation is drawn once per task and role, with a slip probability
+//!   that grows with the instance's difficulty (`difficulty_weight`, the
+//!   feature the warm-start teacher tilts the agents' slips by), and blame
+//!   leaks by its own derivation, not by the answer: a coach that tends to
+//!   fail on the instances where the agents fail.
 //!
 //! The view's verdict becomes a quality `q` in [0, 1] (input-only: 1 when
 //! judged right, 0.15 when not), and the score is
@@ -36,11 +42,11 @@ use mappa_core::hash::sha256_hex;
 use mappa_core::rng::SeedTree;
 use serde::{Deserialize, Serialize};
 
-use mappa_env::slips::SlipKind;
+use mappa_env::slips::{SlipKind, MAX_DIFFICULTY_WEIGHT};
 
 use crate::context::{ActionContext, ActionScore, Audit};
 use crate::{Coach, CoachError, CoachReport, SharedCounts};
-use input_only::InputOnly;
+use input_only::{InputOnly, TaskTied};
 use oracle::{carried_forward, quality};
 
 /// The quality an input-only coach gives an action it judged wrong.
@@ -55,14 +61,18 @@ pub enum View {
     /// The action's input only (the arith workflow); the answer only for the
     /// last agent, and only when `coach_sees_ground_truth`.
     InputOnly,
+    /// As `InputOnly`, with its derivation drawn once per task and tilted
+    /// by difficulty, and blame decided by its own derivation.
+    TaskTied,
 }
 
 impl View {
-    /// The view's name (`oracle`, `input-only`).
+    /// The view's name (`oracle`, `input-only`, `task-tied`).
     pub fn name(self) -> &'static str {
         match self {
             View::Oracle => "oracle",
             View::InputOnly => "input-only",
+            View::TaskTied => "task-tied",
         }
     }
 }
@@ -139,6 +149,15 @@ pub struct ScriptedConfig {
     /// coach's own (`delta`): a bias toward the commonest mistake's look.
     #[serde(default)]
     pub short_plan_bias: f64,
+    /// Task-tied view: how much the slip probability grows with the
+    /// instance's difficulty (`w` in [`mappa_env::slips::slip_probability`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub difficulty_weight: f64,
+}
+
+/// For `skip_serializing_if`: settings at 0 stay out of the serialised form.
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl ScriptedConfig {
@@ -156,6 +175,7 @@ impl ScriptedConfig {
             slips: SlipKind::default(),
             blame_leak: 0.0,
             short_plan_bias: 0.0,
+            difficulty_weight: 0.0,
         }
     }
 
@@ -175,6 +195,12 @@ impl ScriptedConfig {
                 ));
             }
         }
+        if !(0.0..=MAX_DIFFICULTY_WEIGHT).contains(&self.difficulty_weight) {
+            return Err(format!(
+                "scripted.difficulty_weight = {}: expected a number in [0, {MAX_DIFFICULTY_WEIGHT}]",
+                self.difficulty_weight
+            ));
+        }
         if !self.short_plan_bias.is_finite() {
             return Err("scripted.short_plan_bias: expected a finite number".into());
         }
@@ -185,10 +211,13 @@ impl ScriptedConfig {
         match self.view {
             View::Oracle if input_only_keys => Err(
                 "scripted: slip_rate, slips, blame_leak and short_plan_bias belong to \
-                 view = \"input-only\""
+                 view = \"input-only\" or \"task-tied\""
                     .into(),
             ),
-            View::InputOnly if self.judge_against_input => Err(
+            View::Oracle | View::InputOnly if self.difficulty_weight != 0.0 => {
+                Err("scripted: difficulty_weight belongs to view = \"task-tied\"".into())
+            }
+            View::InputOnly | View::TaskTied if self.judge_against_input => Err(
                 "scripted: judge_against_input belongs to view = \"oracle\" (the input-only \
                  view always judges against the input)"
                     .into(),
@@ -262,13 +291,18 @@ impl ScriptedCoach {
                 });
                 (q, why, 0.0, audit)
             }
-            View::InputOnly => {
+            View::InputOnly | View::TaskTied => {
+                let tied = (self.config.view == View::TaskTied).then_some(TaskTied {
+                    difficulty_weight: self.config.difficulty_weight,
+                    seeds: self.seeds,
+                });
                 let coach = InputOnly {
                     slip_rate: self.config.slip_rate,
                     slips: self.config.slips,
                     blame_leak: self.config.blame_leak,
                     short_plan_bias: self.config.short_plan_bias,
                     sees_ground_truth: self.sees_ground_truth,
+                    tied,
                 };
                 let j = coach.judge(ctx, solution, &mut judging)?;
                 let q = if j.judged_right { 1.0 } else { JUDGED_WRONG };
@@ -293,7 +327,7 @@ impl ScriptedCoach {
         let score = (raw.clamp(0.0, 10.0) * 10.0).round() / 10.0;
         let sees_answer = match self.config.view {
             View::Oracle => true,
-            View::InputOnly => self.sees_ground_truth,
+            View::InputOnly | View::TaskTied => self.sees_ground_truth,
         };
         let answer_correct = match (
             &solution.answer,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use mappa_agents::{action_contexts, ActionRecord, TaskInput, Trajectory, Workflow};
 use mappa_env::tabular::FairSummary;
-use mappa_judge::{ActionContext, ActionScore, Coach, FallbackKind, GroundTruth};
+use mappa_judge::{ActionContext, ActionScore, Coach, ErrorTable, FallbackKind, GroundTruth};
 use mappa_model::AutodiffModelBackend;
 
 use super::remove_work;
@@ -142,6 +142,8 @@ struct CoachTally {
     scores: BTreeMap<String, (f64, usize)>,
     /// Per role: (audited verdicts that agreed with the truth, audited actions).
     agreements: BTreeMap<String, (f64, usize)>,
+    /// Per role: the coach's errors against the agent's.
+    errors: BTreeMap<String, ErrorTable>,
     /// Fallbacks by reason (every reason present, 0 included).
     fallbacks: BTreeMap<String, usize>,
     /// Actions of tool-using agents.
@@ -168,6 +170,7 @@ impl CoachTally {
                     let e = tally.agreements.entry(a.role.clone()).or_default();
                     e.0 += f64::from(u8::from(audit.agrees()));
                     e.1 += 1;
+                    tally.errors.entry(a.role.clone()).or_default().add(audit);
                 }
                 if let Some(kind) = s.fallback_kind() {
                     *tally
@@ -209,6 +212,7 @@ pub(super) fn record(
         train_accuracy: accuracy,
         coach_mean_score: ratios(tally.scores),
         coach_accuracy: ratios(tally.agreements),
+        coach_errors: tally.errors,
         coach_fallbacks: tally.fallbacks,
         uniform_outcome: UniformOutcome::of(scored.iter().map(|t| t.graded.outcome)),
         uniform_sets: (!uniform_sets.handling.is_keep()).then_some(uniform_sets),

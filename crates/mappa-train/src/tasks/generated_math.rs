@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{expect_roles, settings_boilerplate, AnswerGrader, TaskFamily, TaskSet, Teacher};
 use crate::manifest::WarmStart;
-use mappa_env::slips::{slip, SlipKind};
+use mappa_env::slips::{rate_for, slip, SlipKind, MAX_DIFFICULTY_WEIGHT};
 use crate::TrainError;
 
 /// Generated problems: how many, from which seed, and what agents and a
@@ -179,6 +179,12 @@ impl TaskFamily for GeneratedMath {
             )));
         }
         expect_roles(&warm.teacher, roles, &ARITH_CHAINS)?;
+        if !(0.0..=MAX_DIFFICULTY_WEIGHT).contains(&warm.difficulty_weight) {
+            return Err(TrainError::Config(format!(
+                "warm_start.difficulty_weight = {}: expected a number in [0, {MAX_DIFFICULTY_WEIGHT}]",
+                warm.difficulty_weight
+            )));
+        }
         // Demonstrations repeated over the RL training problems would teach
         // the models to recall those problems rather than to copy numbers.
         let held_out: HashSet<String> = held_out
@@ -211,7 +217,7 @@ impl TaskFamily for GeneratedMath {
             Arc::new(problems),
             roles,
             &warm.error_rates,
-            warm.slips,
+            (warm.slips, warm.difficulty_weight),
             SeedTree::new(warm.sft.seed),
         );
         Ok(Teacher { tasks, policies })
@@ -263,14 +269,16 @@ fn handed_output(user: &str, role: &str) -> Result<String, String> {
 /// [`ARITH_CHAINS`]): the Problem Solver plans with the Python expression,
 /// the Plan Checker restates the plan, the Code Executor prints the plan it
 /// is handed, the Output Reader restates the printed value, the Verifier
-/// boxes the value it is handed; each slips at its role's error rate. A
+/// boxes the value it is handed; each slips at its role's error rate,
+/// tilted by the difficulty of the plan it writes when the weight (the
+/// second of `slips`) is not 0 ([`mappa_env::slips::rate_for`]). A
 /// prompt the teacher cannot read (a workflow whose wording changed) is an
 /// error, never a made-up demonstration.
 fn arith_teacher(
     problems: Arc<Vec<GeneratedProblem>>,
     roles: &[String],
     error_rates: &BTreeMap<String, f64>,
-    kind: SlipKind,
+    (kind, difficulty_weight): (SlipKind, f64),
     seeds: SeedTree,
 ) -> Vec<ScriptedPolicy> {
     let find = |problems: &[GeneratedProblem], user: &str| -> Option<GeneratedProblem> {
@@ -287,7 +295,7 @@ fn arith_teacher(
             // The action right for its input, or this role's slip.
             let act = move |r: &PolicyRequest, right: String| {
                 let mut rng = seeds.stream(&format!("teacher/{}", r.stream));
-                if rng.uniform() < rate {
+                if rng.uniform() < rate_for(rate, difficulty_weight, &right) {
                     slip(kind, &name, &right, &mut rng)
                 } else {
                     right
@@ -338,7 +346,7 @@ mod tests {
             Arc::new(generate_mix_of(&Tier::ALL, 2, 3)),
             &roles,
             &BTreeMap::new(),
-            SlipKind::Digit,
+            (SlipKind::Digit, 0.0),
             SeedTree::new(1),
         );
         let request = |user: &str| PolicyRequest {
@@ -378,7 +386,7 @@ mod tests {
             problems.clone(),
             &roles,
             &BTreeMap::new(),
-            SlipKind::Structural,
+            (SlipKind::Structural, 0.0),
             SeedTree::new(1),
         );
         assert_eq!(exact.len(), 5);
@@ -389,7 +397,7 @@ mod tests {
             .into_iter()
             .map(|(r, p)| (r.to_string(), p))
             .collect();
-        let slipping = arith_teacher(problems, &roles, &always, SlipKind::Structural, SeedTree::new(1));
+        let slipping = arith_teacher(problems, &roles, &always, (SlipKind::Structural, 0.0), SeedTree::new(1));
         assert_eq!(text(&slipping, 1, "Plan: (3 + 4) * 2"), "Plan: (3 + 4)");
         assert_eq!(text(&slipping, 3, "Output:\n14"), "140");
         let e = slipping[3].generate(&[request("14")]).unwrap_err().to_string();

@@ -138,6 +138,12 @@ impl TaskFamily for GeneratedTabular {
             roles,
             &[&["data_engineer", "modeler", "analyst"]],
         )?;
+        if warm.difficulty_weight != 0.0 {
+            return Err(TrainError::Config(
+                "warm_start.difficulty_weight: the tabular teacher's mistakes do not depend                  on a task's difficulty (only the arith teacher's do); leave it out"
+                    .into(),
+            ));
+        }
         let pool_seed = SeedTree::new(self.seed)
             .stream("warm-start/pool")
             .next_u64();
