@@ -19,8 +19,9 @@ pub struct AblateArgs {
     name: String,
     /// Credit variants, comma-separated: strategy kinds (`process`, `outcome`,
     /// `outcome_final_agent`, `min_form`, `mixed=0.5`, `discounted_outcome=0.9`)
-    /// or normalisation scopes (`scope=per_prompt_group`, ...), joined by `+`
-    /// to combine (`process+scope=none`).
+    /// or normalisation scopes (`scope=per_prompt_group`, ...) or the handling
+    /// of sets with equal rewards (`uniform=skip`, `uniform=keep`,
+    /// `uniform_floor=0.5`), joined by `+` to combine (`process+scope=none`).
     #[arg(long, value_delimiter = ',', required = true)]
     credit: Vec<String>,
     /// Seeds per variant (the manifest's seed, +1, +2, ...).

@@ -67,15 +67,51 @@ pub fn chart(
     series: &[Series],
     style: Style,
 ) -> anyhow::Result<()> {
-    let err = |e: &dyn std::fmt::Display| anyhow!("{}: {e}", path.display());
-    if series.iter().all(|(_, p)| p.is_empty()) {
-        return Ok(());
-    }
     let x_max = series
         .iter()
         .flat_map(|(_, p)| p)
         .map(|p| p.step)
         .fold(1.0, f64::max);
+    draw(path, title, ("step", 0.0..x_max), y_label, series, style)
+}
+
+/// [`chart`] over another x axis (`x_label`; `Point::step` is the x value):
+/// the range spans the points, with a margin of a tenth on each side.
+pub fn chart_over(
+    path: &Path,
+    title: &str,
+    (x_label, y_label): (&str, &str),
+    series: &[Series],
+    style: Style,
+) -> anyhow::Result<()> {
+    let xs = series.iter().flat_map(|(_, p)| p).map(|p| p.step);
+    let (lo, hi) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+        (lo.min(x), hi.max(x))
+    });
+    let pad = ((hi - lo) * 0.1).max(0.5);
+    draw(
+        path,
+        title,
+        (x_label, lo - pad..hi + pad),
+        y_label,
+        series,
+        style,
+    )
+}
+
+/// Draw the chart of [`chart`] with the x axis `x_label` over `x_range`.
+fn draw(
+    path: &Path,
+    title: &str,
+    (x_label, x_range): (&str, std::ops::Range<f64>),
+    y_label: &str,
+    series: &[Series],
+    style: Style,
+) -> anyhow::Result<()> {
+    let err = |e: &dyn std::fmt::Display| anyhow!("{}: {e}", path.display());
+    if series.iter().all(|(_, p)| p.is_empty()) {
+        return Ok(());
+    }
     let (y_min, y_max) = y_range(series, style);
     let mut svg = String::new();
     let root = SVGBackend::with_string(&mut svg, (800, 480)).into_drawing_area();
@@ -85,11 +121,11 @@ pub fn chart(
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(56)
-        .build_cartesian_2d(0f64..x_max, y_min..y_max)
+        .build_cartesian_2d(x_range, y_min..y_max)
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
-        .x_desc("step")
+        .x_desc(x_label)
         .y_desc(y_label)
         .draw()
         .map_err(|e| err(&e))?;

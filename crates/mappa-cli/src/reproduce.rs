@@ -161,7 +161,16 @@ fn print_plan(
     for (what, value) in rows {
         println!("  {what:<22} {value}");
     }
-    if let Some(study) = &manifest.study {
+    if let Some((study, factorial)) = manifest
+        .study
+        .as_ref()
+        .and_then(|s| Some((s, s.factorial.as_ref()?)))
+    {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        for line in crate::study::factorial::describe(manifest, study, factorial, profile, dir)? {
+            println!("  {line}");
+        }
+    } else if let Some(study) = &manifest.study {
         let arms = crate::study::plan::arms(manifest, study, profile)?;
         let labels: Vec<&str> = arms.iter().map(|(a, _)| a.label.as_str()).collect();
         println!(

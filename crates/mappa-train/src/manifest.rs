@@ -428,6 +428,86 @@ pub struct Study {
     /// looking at the held-out set.
     #[serde(default)]
     pub validation: Option<StudyProfile>,
+    /// A factorial design: the method and the baseline in every cell of a
+    /// grid of manifest variants, each seed a block that runs every cell,
+    /// and registered contrasts of the cells' differences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factorial: Option<Factorial>,
+}
+
+/// `[study.factorial]`: cells (manifest variants, one per combination of
+/// the factors' levels), each running the study's method and baseline (and
+/// any coach arms it names) at every seed, and contrasts registered before
+/// the runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Factorial {
+    /// The factors, in the order tables and plots use them.
+    pub factors: Vec<Factor>,
+    /// One cell per combination of levels.
+    pub cells: Vec<Cell>,
+    /// The registered contrasts.
+    pub contrasts: Vec<Contrast>,
+    /// The standard deviation of one cell's per-seed method-minus-baseline
+    /// learning-curve area difference (accuracy units, from earlier
+    /// studies) that the power statement assumes.
+    pub prior_sd: f64,
+    /// Warm starts tried per cell and seed (the first and its
+    /// replacements) before the study stops.
+    #[serde(default = "five")]
+    pub max_warm_starts: u64,
+}
+
+fn five() -> u64 {
+    5
+}
+
+/// A factor of a factorial study and its levels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Factor {
+    /// Its name (`chain`).
+    pub name: String,
+    /// Its levels, in order (`["3", "5"]`).
+    pub levels: Vec<String>,
+}
+
+/// One cell of a factorial study.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cell {
+    /// Its name (`5-low`), used in contrasts, run names and tables.
+    pub name: String,
+    /// Its level of every factor.
+    pub levels: BTreeMap<String, String>,
+    /// Merged into the manifest for this cell, key by key (relative paths
+    /// relative to the manifest's directory).
+    #[serde(default)]
+    pub manifest: toml::Table,
+    /// The step-0 held-out accuracy a warm start must have to be used
+    /// (inclusive); one outside it is replaced by the next and counted.
+    pub start_band: [f64; 2],
+    /// The method again under these `study.coach_arms`, in this cell only.
+    #[serde(default)]
+    pub coaches: Vec<String>,
+}
+
+/// A registered contrast: a per-seed weighted sum, tested one-sided (that
+/// it is above 0) by sign flips over seeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Contrast {
+    /// Its name (`gain_at_low_start`).
+    pub name: String,
+    /// What it tests, in words.
+    pub hypothesis: String,
+    /// Primary contrasts are tested together with Holm's correction;
+    /// secondary ones are reported with unadjusted p-values.
+    #[serde(default)]
+    pub primary: bool,
+    /// Weights: a cell's name weighs its method-minus-baseline difference;
+    /// `cell/arm` weighs that arm's learning-curve area.
+    pub weights: BTreeMap<String, f64>,
 }
 
 fn three() -> u64 {

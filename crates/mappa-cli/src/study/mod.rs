@@ -23,6 +23,7 @@
 //! at the held-out set).
 
 pub mod execute;
+pub mod factorial;
 pub mod plan;
 pub mod registration;
 pub mod render;
@@ -201,6 +202,10 @@ pub fn run_study(base: &Manifest, options: &StudyOptions) -> anyhow::Result<Path
         .study
         .as_ref()
         .ok_or_else(|| anyhow!("{}: the manifest has no [study]", base.name))?;
+    if let Some(factorial) = &study.factorial {
+        return factorial::run_factorial(base, study, factorial, options)
+            .map_err(|e| anyhow!("{}: {e}", base.name));
+    }
     let profile = options.profile;
     let seeds = profile
         .seeds(study)

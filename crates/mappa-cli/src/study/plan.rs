@@ -29,6 +29,17 @@ pub fn apply_variant(manifest: &mut Manifest, variant: &str) -> anyhow::Result<(
                 .map_err(|_| anyhow!("{variant:?}: unknown scope (per_agent_global, all_agents_global, per_prompt_group, group_mean_then_global, none)"))?;
             return Ok(());
         }
+        "uniform" | "uniform_floor" => {
+            let handling = match (key, value) {
+                ("uniform", Some(how @ ("keep" | "skip"))) => serde_json::json!(how),
+                ("uniform_floor", _) => serde_json::json!({ "std_floor": number(value)? }),
+                _ => bail!(
+                    "{variant:?}: expected uniform=keep, uniform=skip or uniform_floor=NUMBER"
+                ),
+            };
+            manifest.credit.uniform = serde_json::from_value(handling)?;
+            return manifest.validate().map_err(|e| anyhow!("{variant:?}: {e}"));
+        }
         "mixed" => serde_json::json!({ "kind": "mixed", "alpha": number(value)? }),
         "discounted_outcome" => {
             serde_json::json!({ "kind": "discounted_outcome", "gamma": number(value)? })
@@ -48,7 +59,11 @@ pub fn apply_variants(manifest: &mut Manifest, variants: &str) -> anyhow::Result
 }
 
 /// Set the scripted coach of a coach arm.
-fn apply_coach(manifest: &mut Manifest, coach: &str, study: &Study) -> anyhow::Result<()> {
+pub(super) fn apply_coach(
+    manifest: &mut Manifest,
+    coach: &str,
+    study: &Study,
+) -> anyhow::Result<()> {
     let Judge::Scripted(scripted) = &mut manifest.coach.judge else {
         bail!(
             "study.coaches = [{coach:?}]: the manifest's coach is not scripted ([coach.scripted])"
@@ -90,7 +105,7 @@ fn apply_coach(manifest: &mut Manifest, coach: &str, study: &Study) -> anyhow::R
 }
 
 /// A file-name-safe form of an arm label.
-fn slug(label: &str) -> String {
+pub(super) fn slug(label: &str) -> String {
     label
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
@@ -229,35 +244,54 @@ pub fn plan_runs(
     let mut plan = Vec::new();
     for s in 0..seeds {
         for (index, (arm, manifest)) in arms.iter().enumerate() {
-            let mut manifest = manifest.clone();
-            manifest.study = None;
-            manifest.seed = base_seed + s;
-            if vary_warm_start {
-                offset_warm_start(&mut manifest, s);
-            }
-            manifest.name = format!("{name}-{}-s{}", slug(&arm.label), manifest.seed);
-            manifest
-                .validate()
-                .map_err(|e| anyhow!("{}: {e}", arm.label))?;
-            let (lock, id) = lock_and_id(&manifest)?;
-            let warm_start_done = manifest.warm_start.as_ref().map(|_| {
-                mappa_train::warm_start::cache_dir(
-                    &manifest,
-                    &lock["resolved"],
-                    &study_dir.join(".warm-start"),
-                )
-                .join("done.json")
-            });
-            let dir = study_dir.join(format!("{}-{}", manifest.name, &id[..12]));
-            plan.push(PlannedRun {
-                arm: index,
+            let offset = vary_warm_start.then_some(s);
+            let run_name = format!("{name}-{}-s{}", slug(&arm.label), base_seed + s);
+            plan.push(plan_run(
+                (index, &arm.label),
                 manifest,
-                dir,
-                warm_start_done,
-            });
+                (base_seed + s, offset),
+                run_name,
+                study_dir,
+            )?);
         }
     }
     Ok(plan)
+}
+
+/// One run: arm `index` (`label`, for errors) from its `manifest`, at
+/// `seed` with the warm start offset by `offset` (none: the manifest's
+/// own), named `run_name`, in `study_dir`.
+pub(super) fn plan_run(
+    (index, label): (usize, &str),
+    manifest: &Manifest,
+    (seed, offset): (u64, Option<u64>),
+    run_name: String,
+    study_dir: &Path,
+) -> anyhow::Result<PlannedRun> {
+    let mut manifest = manifest.clone();
+    manifest.study = None;
+    manifest.seed = seed;
+    if let Some(offset) = offset {
+        offset_warm_start(&mut manifest, offset);
+    }
+    manifest.name = run_name;
+    manifest.validate().map_err(|e| anyhow!("{label}: {e}"))?;
+    let (lock, id) = lock_and_id(&manifest)?;
+    let warm_start_done = manifest.warm_start.as_ref().map(|_| {
+        mappa_train::warm_start::cache_dir(
+            &manifest,
+            &lock["resolved"],
+            &study_dir.join(".warm-start"),
+        )
+        .join("done.json")
+    });
+    let dir = study_dir.join(format!("{}-{}", manifest.name, &id[..12]));
+    Ok(PlannedRun {
+        arm: index,
+        manifest,
+        dir,
+        warm_start_done,
+    })
 }
 
 /// The arms of an ablation: one per credit variant, in order.

@@ -62,6 +62,15 @@ pub fn find(manifest: &Path) -> Result<Registration, String> {
     find_with(manifest, &analysis_files())
 }
 
+/// [`find`] for a factorial study, whose analysis code includes the
+/// factorial module's.
+pub fn find_factorial(manifest: &Path) -> Result<Registration, String> {
+    let factorial = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/study/factorial");
+    let mut files = analysis_files();
+    files.extend(["mod.rs", "design.rs", "analysis.rs", "output.rs"].map(|f| factorial.join(f)));
+    find_with(manifest, &files)
+}
+
 /// [`find`] with the analysis code in `analysis`.
 fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, String> {
     let dir = manifest

@@ -22,7 +22,8 @@ use super::verdict::Verdict;
 use super::{ArmGroup, Profile, StudyData};
 use crate::plot::{chart, Point, Series, Style};
 
-fn pct(x: f64) -> String {
+/// A share as a percentage with one decimal.
+pub(super) fn pct(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
 }
 
@@ -99,7 +100,15 @@ fn header(data: &StudyData, verdict: Option<&Verdict>) -> String {
 
 /// Whether a full study is confirmatory, and if so where it was registered.
 fn registration_note(data: &StudyData) -> String {
-    match &data.registration {
+    registration_text(data.registration.as_ref())
+}
+
+/// The note on a full study's registration: none (exploratory), unknown,
+/// broken by later changes, or intact.
+pub(super) fn registration_text(
+    registration: Option<&Result<super::registration::Registration, String>>,
+) -> String {
+    match registration {
         None => "> **Exploratory study**: no analysis was registered before it ran (`[study] confirmatory` is off), so its verdict describes these runs rather than testing a claim fixed in advance.\n\n".to_string(),
         Some(Err(why)) => format!("> **Confirmatory study, registration unknown**: its manifest and analysis code could not be traced to a commit ({why}).\n\n"),
         Some(Ok(r)) if !r.modified.is_empty() => format!(
@@ -395,7 +404,7 @@ fn coach_error_correlation(arms: &[ArmSummary], roles: &[&String]) -> String {
 }
 
 /// The coach, and whether it is simulated.
-fn describe_coach(coach: &CoachConfig) -> String {
+pub(super) fn describe_coach(coach: &CoachConfig) -> String {
     match &coach.judge {
         Judge::Scripted(s) => match s.view {
             View::Oracle => format!("a **scripted coach**, oracle view ({} preset): simulated, a rule-based judge that reads each generated task's known solution for every action, not an LLM", s.strength.name()),

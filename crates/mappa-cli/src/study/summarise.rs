@@ -91,13 +91,13 @@ fn average(per_seed: &[Vec<(f64, f64)>]) -> Vec<Point> {
         .collect()
 }
 
-fn eval_series(run: &RunData) -> Vec<(f64, f64)> {
+pub(super) fn eval_series(run: &RunData) -> Vec<(f64, f64)> {
     run.eval_series(|m| Some(m.accuracy))
 }
 
 /// The learning-curve area of one run: mean held-out accuracy over the
 /// evaluations after step 0 (0 when there are none).
-fn area(curve: &[(f64, f64)]) -> f64 {
+pub(super) fn area(curve: &[(f64, f64)]) -> f64 {
     let after: Vec<f64> = curve.iter().filter(|p| p.0 > 0.0).map(|p| p.1).collect();
     after.iter().sum::<f64>() / after.len().max(1) as f64
 }
