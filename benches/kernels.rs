@@ -24,7 +24,18 @@ fn benches(c: &mut Criterion) {
     let tokens = 8 * 128;
     let mut group = c.benchmark_group("kernels-25m");
     group.sample_size(10);
+    matmuls(&mut group, tokens);
+    normalisations(&mut group, tokens);
+    activations(&mut group, tokens);
+    decoding(&mut group);
+    group.finish();
+}
 
+/// The step's products against burn's.
+fn matmuls(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    tokens: usize,
+) {
     // A projection (k = 512), the down projection (k = 1536) and a weight
     // gradient (k = 1024 token rows).
     for (name, m, k, n) in [
@@ -40,7 +51,13 @@ fn benches(c: &mut Criterion) {
             bench.iter(|| kernels::matmul(a.clone(), b.clone()).into_primitive())
         });
     }
+}
 
+/// Softmax, log-softmax and RMSNorm against burn's.
+fn normalisations(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    tokens: usize,
+) {
     let scores = tensor([8, 8, 128, 128], 3);
     group.bench_function("softmax [8,8,128,128]/burn", |bench| {
         bench.iter(|| burn::tensor::activation::softmax(scores.clone(), 3).into_primitive())
@@ -67,7 +84,13 @@ fn benches(c: &mut Criterion) {
     group.bench_function("rms_norm [1024,512]/mappa", |bench| {
         bench.iter(|| kernels::rms_norm(x.clone(), gamma.clone(), 1e-6).into_primitive())
     });
+}
 
+/// SwiGLU and the exponentials inside it and the softmax.
+fn activations(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    tokens: usize,
+) {
     // SwiGLU at the MLP's width, and the exponential inside its sigmoid:
     // the C library's `expf` one call per value against `mappa-kernels`'
     // vectorised port of it (same bits).
@@ -95,6 +118,10 @@ fn benches(c: &mut Criterion) {
     group.bench_function("libm expf [1024*1536]/mappa", |bench| {
         bench.iter(|| mapped(&shifted, kernels::expf::libm_exp_in_place))
     });
+}
+
+/// Decoding's products (no counterpart in burn).
+fn decoding(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
     // Decoding's products: every weight of one 25m decoding step (each
     // layer's projections and the tied LM head, about 105 MB) times the
     // step's eight token rows (`W xᵀ`), the weights read from memory as in
@@ -133,7 +160,6 @@ fn benches(c: &mut Criterion) {
             })
         },
     );
-    group.finish();
 }
 
 /// A copy of `values` with `f` applied in place (the copy is timed too,

@@ -103,6 +103,7 @@ fn scripts(problems: &[GeneratedProblem]) -> Vec<ScriptedPolicy> {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
 fn one_arith_step_trains_every_agent_on_its_own_untruncated_actions() {
     let root = fixtures().join("..");
     let model_dir = fixtures().join("models/qwen3-tiny");

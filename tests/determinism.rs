@@ -67,6 +67,7 @@ fn config() -> TransformerConfig {
 }
 
 /// The workload through mappa's kernels: its digest.
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
 fn workload() -> String {
     let device = Default::default();
     let mut trace = Trace::default();

@@ -104,6 +104,15 @@ fn render(
     timing: &[TimingLine],
 ) -> String {
     let mut md = format!("# Run `{}`\n\n", run_dir.display());
+    md.push_str(&accuracy_section(metrics));
+    md.push_str(&coach_section(last_role, coach_note, metrics, trajectories));
+    md.push_str(&time_section(timing));
+    md
+}
+
+/// Held-out accuracy at every evaluation, and from the first to the last.
+fn accuracy_section(metrics: &[MetricsLine]) -> String {
+    let mut md = String::new();
     let evals: Vec<_> = metrics.iter().filter_map(MetricsLine::as_eval).collect();
     md.push_str("## Held-out accuracy\n\n| step | accuracy | trajectories |\n|---|---|---|\n");
     for e in &evals {
@@ -122,7 +131,15 @@ fn render(
             last.step
         );
     }
+    md
+}
 
+/// Per role, the coach's scores over the trajectories; on the last agent,
+/// its verdicts against the graded outcomes.
+fn tally_scores<'t>(
+    trajectories: &'t [TrajectoryLine],
+    last_role: &str,
+) -> (BTreeMap<&'t str, RoleScores>, Agreement) {
     let mut roles: BTreeMap<&str, RoleScores> = BTreeMap::new();
     let mut agreement = Agreement::default();
     for t in trajectories {
@@ -147,6 +164,19 @@ fn render(
             }
         }
     }
+    (roles, agreement)
+}
+
+/// The coach: parsed replies, fallbacks, scores per role, and agreement
+/// with the graded outcome on the last agent.
+fn coach_section(
+    last_role: &str,
+    coach_note: Option<&str>,
+    metrics: &[MetricsLine],
+    trajectories: &[TrajectoryLine],
+) -> String {
+    let mut md = String::new();
+    let (roles, agreement) = tally_scores(trajectories, last_role);
     let mut fallbacks: BTreeMap<String, usize> = BTreeMap::new();
     for line in metrics.iter().filter_map(MetricsLine::as_train) {
         for (reason, n) in &line.coach_fallbacks {
@@ -202,7 +232,12 @@ fn render(
         agreement.wrong_succeeded,
         agreement.wrong_failed
     );
+    md
+}
 
+/// Where the time went: evaluation, generation, sandbox, coach, updates.
+fn time_section(timing: &[TimingLine]) -> String {
+    let mut md = String::new();
     md.push_str("\n## Where the time went\n\n");
     if timing.is_empty() {
         md.push_str("No `timing.jsonl` in this run.\n");

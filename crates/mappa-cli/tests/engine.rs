@@ -114,6 +114,7 @@ fn model_field(api: &str, adapter: &str) -> String {
 /// An engine run of the fixture manifest against a `mappa serve` speaking
 /// `api`, restarted once its first update is loaded: records equal the
 /// in-process run's, every update hot-loaded, a stale version refused.
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
 fn engine_rollouts_equal_in_process_ones(api: &str) {
     let scratch = scratch();
     let in_process = scratch.path().join("in-process");

@@ -251,6 +251,7 @@ fn manifest_errors_name_the_key_or_file() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // one scenario, read top to bottom
 fn ablate_report_inspect_and_eval_work_on_a_tiny_manifest() {
     let runs = scratch();
     succeeds(

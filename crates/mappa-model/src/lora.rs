@@ -358,6 +358,70 @@ enum TargetModules {
     Pattern(String),
 }
 
+/// The first PEFT feature in `peft` that mappa does not implement: its
+/// field and what it was set to.
+fn unsupported(peft: &PeftConfig) -> Option<(&'static str, String)> {
+    let unset = |v: &Option<serde_json::Value>| v.as_ref().is_none_or(|v| v.is_null());
+    let checks = [
+        (
+            peft.peft_type == "LORA",
+            "peft_type",
+            format!("{:?}, not \"LORA\"", peft.peft_type),
+        ),
+        (!peft.fan_in_fan_out, "fan_in_fan_out", "true".into()),
+        (!peft.use_dora, "use_dora", "true (DoRA)".into()),
+        (
+            peft.bias == "none",
+            "bias",
+            format!("{:?}, not \"none\"", peft.bias),
+        ),
+        (
+            peft.rank_pattern.is_empty(),
+            "rank_pattern",
+            "per-module ranks".into(),
+        ),
+        (
+            peft.alpha_pattern.is_empty(),
+            "alpha_pattern",
+            "per-module alphas".into(),
+        ),
+        (
+            unset(&peft.layers_to_transform),
+            "layers_to_transform",
+            "a layer subset".into(),
+        ),
+        (
+            peft.modules_to_save.as_ref().is_none_or(|m| m.is_empty()),
+            "modules_to_save",
+            "a list of fully trained modules".into(),
+        ),
+        (
+            !peft.lora_bias,
+            "lora_bias",
+            "true (a bias on lora_B)".into(),
+        ),
+        (
+            unset(&peft.layer_replication),
+            "layer_replication",
+            "set".into(),
+        ),
+        (
+            unset(&peft.target_parameters),
+            "target_parameters",
+            "set".into(),
+        ),
+        (
+            unset(&peft.trainable_token_indices),
+            "trainable_token_indices",
+            "set".into(),
+        ),
+    ];
+    checks
+        .into_iter()
+        .find(|(ok, ..)| !ok)
+        .map(|(_, field, found)| (field, found))
+}
+
 /// Reads `dir/adapter_config.json` and returns the adapter's settings; the
 /// error names the field of a PEFT feature mappa does not implement.
 pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
@@ -366,57 +430,11 @@ pub fn read_adapter_config(dir: &Path) -> Result<LoraConfig> {
         std::fs::read_to_string(&path).map_err(|e| ModelError::io("cannot read", &path, e))?;
     let bad = |field: &str, message: String| ModelError::config(Some(&path), field, message);
     let peft: PeftConfig = serde_json::from_str(&text).map_err(|e| bad("(file)", e.to_string()))?;
-    let refuse = |ok: bool, field: &str, found: &str| {
-        if ok {
-            Ok(())
-        } else {
-            Err(bad(
-                field,
-                format!("is {found}: mappa reads plain LoRA adapters only"),
-            ))
-        }
-    };
-    refuse(
-        peft.peft_type == "LORA",
-        "peft_type",
-        &format!("{:?}, not \"LORA\"", peft.peft_type),
-    )?;
-    refuse(!peft.fan_in_fan_out, "fan_in_fan_out", "true")?;
-    refuse(!peft.use_dora, "use_dora", "true (DoRA)")?;
-    refuse(
-        peft.bias == "none",
-        "bias",
-        &format!("{:?}, not \"none\"", peft.bias),
-    )?;
-    refuse(
-        peft.rank_pattern.is_empty(),
-        "rank_pattern",
-        "per-module ranks",
-    )?;
-    refuse(
-        peft.alpha_pattern.is_empty(),
-        "alpha_pattern",
-        "per-module alphas",
-    )?;
-    refuse(
-        peft.layers_to_transform
-            .as_ref()
-            .is_none_or(|v| v.is_null()),
-        "layers_to_transform",
-        "a layer subset",
-    )?;
-    refuse(
-        peft.modules_to_save.as_ref().is_none_or(|m| m.is_empty()),
-        "modules_to_save",
-        "a list of fully trained modules",
-    )?;
-    refuse(!peft.lora_bias, "lora_bias", "true (a bias on lora_B)")?;
-    for (field, value) in [
-        ("layer_replication", &peft.layer_replication),
-        ("target_parameters", &peft.target_parameters),
-        ("trainable_token_indices", &peft.trainable_token_indices),
-    ] {
-        refuse(value.as_ref().is_none_or(|v| v.is_null()), field, "set")?;
+    if let Some((field, found)) = unsupported(&peft) {
+        return Err(bad(
+            field,
+            format!("is {found}: mappa reads plain LoRA adapters only"),
+        ));
     }
     let targets = match peft.target_modules {
         TargetModules::List(list) => list,

@@ -296,63 +296,7 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
         if name == "__metadata__" {
             continue;
         }
-        let dtype_name = match info.get("dtype") {
-            Some(Value::String(s)) => s.as_str(),
-            Some(other) => {
-                return Err(err(format!(
-                    "tensor `{name}` has dtype {other}, expected a string (F32, F16 or BF16)"
-                )))
-            }
-            None => return Err(err(format!("tensor `{name}` has no `dtype`"))),
-        };
-        let dtype = StorageDtype::from_safetensors_name(dtype_name).ok_or_else(|| {
-            err(format!(
-                "tensor `{name}` has dtype {dtype_name}; supported: F32, F16, BF16"
-            ))
-        })?;
-        let shape: Vec<usize> = info
-            .get("shape")
-            .and_then(Value::as_array)
-            .and_then(|dims| {
-                dims.iter()
-                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                    .collect()
-            })
-            .ok_or_else(|| {
-                err(format!(
-                    "tensor `{name}` has no valid `shape` (a list of non-negative integers)"
-                ))
-            })?;
-        let offsets: Vec<usize> = info
-            .get("data_offsets")
-            .and_then(Value::as_array)
-            .and_then(|o| {
-                o.iter()
-                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                    .collect()
-            })
-            .filter(|o: &Vec<usize>| o.len() == 2 && o[0] <= o[1])
-            .ok_or_else(|| {
-                err(format!(
-                    "tensor `{name}` has no valid `data_offsets` (two integers [begin, end], begin <= end)"
-                ))
-            })?;
-        let (begin, end) = (offsets[0], offsets[1]);
-        let expected = shape
-            .iter()
-            .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| err(format!("tensor `{name}`: shape {shape:?} overflows")))?;
-        if end - begin != expected {
-            return Err(err(format!(
-                "tensor `{name}`: {} bytes for shape {shape:?} in {dtype_name}, expected {expected}",
-                end - begin
-            )));
-        }
-        if end > data_len {
-            return Err(err(format!(
-                "tensor `{name}` needs data bytes {begin}..{end} but the file holds only {data_len}: the file is truncated"
-            )));
-        }
+        let (dtype, shape, begin, end) = header_entry(&name, &info, data_len).map_err(err)?;
         out.push((
             name,
             TensorEntry {
@@ -365,6 +309,69 @@ fn parse_header(path: &Path, bytes: &[u8], file: usize) -> Result<Vec<(String, T
     }
     check_disjoint(&out).map_err(err)?;
     Ok(out)
+}
+
+/// One tensor's entry of a safetensors header, checked against the
+/// `data_len` bytes after the header: its dtype, shape and byte range.
+fn header_entry(
+    name: &str,
+    info: &Value,
+    data_len: usize,
+) -> std::result::Result<(StorageDtype, Vec<usize>, usize, usize), String> {
+    let dtype_name = match info.get("dtype") {
+        Some(Value::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(format!(
+                "tensor `{name}` has dtype {other}, expected a string (F32, F16 or BF16)"
+            ))
+        }
+        None => return Err(format!("tensor `{name}` has no `dtype`")),
+    };
+    let dtype = StorageDtype::from_safetensors_name(dtype_name).ok_or_else(|| {
+        format!("tensor `{name}` has dtype {dtype_name}; supported: F32, F16, BF16")
+    })?;
+    let shape: Vec<usize> = info
+        .get("shape")
+        .and_then(Value::as_array)
+        .and_then(|dims| {
+            dims.iter()
+                .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                .collect()
+        })
+        .ok_or_else(|| {
+            format!("tensor `{name}` has no valid `shape` (a list of non-negative integers)")
+        })?;
+    let offsets: Vec<usize> = info
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .and_then(|o| {
+                o.iter()
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                    .collect()
+            })
+            .filter(|o: &Vec<usize>| o.len() == 2 && o[0] <= o[1])
+            .ok_or_else(|| {
+                format!(
+                    "tensor `{name}` has no valid `data_offsets` (two integers [begin, end], begin <= end)"
+                )
+            })?;
+    let (begin, end) = (offsets[0], offsets[1]);
+    let expected = shape
+        .iter()
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format!("tensor `{name}`: shape {shape:?} overflows"))?;
+    if end - begin != expected {
+        return Err(format!(
+            "tensor `{name}`: {} bytes for shape {shape:?} in {dtype_name}, expected {expected}",
+            end - begin
+        ));
+    }
+    if end > data_len {
+        return Err(format!(
+                "tensor `{name}` needs data bytes {begin}..{end} but the file holds only {data_len}: the file is truncated"
+            ));
+    }
+    Ok((dtype, shape, begin, end))
 }
 
 /// Checks that no two tensors share a byte (empty tensors share none).

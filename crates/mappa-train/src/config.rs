@@ -162,80 +162,57 @@ impl TrainConfig {
     /// Numbers must be finite (TOML spells `inf` and `nan`): "a positive
     /// number" excludes infinity.
     pub fn validate(&self) -> Result<(), String> {
-        let check = |ok: bool, field: &str, expected: &str| {
-            if ok {
-                Ok(())
-            } else {
-                Err(format!("{field}: expected {expected}"))
-            }
-        };
-        check(
-            self.lr.is_finite() && self.lr > 0.0,
-            "lr",
-            "a positive number",
-        )?;
-        check(
-            self.min_lr >= 0.0 && self.min_lr <= self.lr,
-            "min_lr",
-            "a number in [0, lr]",
-        )?;
-        check(
-            (0.0..1.0).contains(&self.warmup_fraction),
-            "warmup_fraction",
-            "a number in [0, 1)",
-        )?;
-        check(self.total_steps > 0, "total_steps", "at least 1")?;
-        check(
-            (0.0..1.0).contains(&self.beta1),
-            "beta1",
-            "a number in [0, 1)",
-        )?;
-        check(
-            (0.0..1.0).contains(&self.beta2),
-            "beta2",
-            "a number in [0, 1)",
-        )?;
-        check(
-            self.epsilon.is_finite() && self.epsilon > 0.0,
-            "epsilon",
-            "a positive number",
-        )?;
-        check(
-            self.weight_decay.is_finite() && self.weight_decay >= 0.0,
-            "weight_decay",
-            "a finite number >= 0",
-        )?;
-        check(
-            self.grad_clip.is_none_or(|c| c.is_finite() && c > 0.0),
-            "grad_clip",
-            "a positive number",
-        )?;
-        check(
-            (0.0..1.0).contains(&self.clip_low),
-            "clip_low",
-            "a number in [0, 1)",
-        )?;
-        check(
-            self.clip_high.is_finite() && self.clip_high >= 0.0,
-            "clip_high",
-            "a finite number >= 0",
-        )?;
-        check(
-            self.dual_clip.is_none_or(|c| c.is_finite() && c > 1.0),
-            "dual_clip",
-            "a finite number > 1",
-        )?;
-        check(self.micro_batch_size > 0, "micro_batch_size", "at least 1")?;
-        check(
-            self.logprob_batch_size.is_none_or(|b| b > 0),
-            "logprob_batch_size",
-            "at least 1",
-        )?;
-        check(
-            self.logprob_temperature.is_finite() && self.logprob_temperature > 0.0,
-            "logprob_temperature",
-            "a positive number",
-        )?;
+        const POSITIVE: &str = "a positive number";
+        const FRACTION: &str = "a number in [0, 1)";
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        let checks = [
+            (positive(self.lr), "lr", POSITIVE),
+            (
+                self.min_lr >= 0.0 && self.min_lr <= self.lr,
+                "min_lr",
+                "a number in [0, lr]",
+            ),
+            (
+                (0.0..1.0).contains(&self.warmup_fraction),
+                "warmup_fraction",
+                FRACTION,
+            ),
+            (self.total_steps > 0, "total_steps", "at least 1"),
+            ((0.0..1.0).contains(&self.beta1), "beta1", FRACTION),
+            ((0.0..1.0).contains(&self.beta2), "beta2", FRACTION),
+            (positive(self.epsilon), "epsilon", POSITIVE),
+            (
+                self.weight_decay.is_finite() && self.weight_decay >= 0.0,
+                "weight_decay",
+                "a finite number >= 0",
+            ),
+            (self.grad_clip.is_none_or(positive), "grad_clip", POSITIVE),
+            ((0.0..1.0).contains(&self.clip_low), "clip_low", FRACTION),
+            (
+                self.clip_high.is_finite() && self.clip_high >= 0.0,
+                "clip_high",
+                "a finite number >= 0",
+            ),
+            (
+                self.dual_clip.is_none_or(|c| c.is_finite() && c > 1.0),
+                "dual_clip",
+                "a finite number > 1",
+            ),
+            (self.micro_batch_size > 0, "micro_batch_size", "at least 1"),
+            (
+                self.logprob_batch_size.is_none_or(|b| b > 0),
+                "logprob_batch_size",
+                "at least 1",
+            ),
+            (
+                positive(self.logprob_temperature),
+                "logprob_temperature",
+                POSITIVE,
+            ),
+        ];
+        if let Some((_, field, expected)) = checks.iter().find(|(ok, ..)| !ok) {
+            return Err(format!("{field}: expected {expected}"));
+        }
         if self.base_dtype == BaseDtype::Bf16 && self.lora.is_none() {
             return Err(
                 "base_dtype = \"bf16\": only a frozen base is stored in bf16; add [train.lora]"

@@ -150,6 +150,26 @@ where
         }
         return Ok((accumulator.grads(), sides));
     }
+    let results = run_workers(policy, &devices[..workers], chunks, &gradients)?;
+    merge(results, chunks.len())
+}
+
+/// Run one worker per device of `devices` (at least two) over `chunks`,
+/// each on its own replica of `policy`; each worker's result in device
+/// order. Holds the process's turn at the collective throughout.
+fn run_workers<B, C, S, F>(
+    policy: &Transformer<B>,
+    devices: &[B::Device],
+    chunks: &[C],
+    gradients: &F,
+) -> Result<Vec<WorkerResult<S>>, TrainError>
+where
+    B: AutodiffModelBackend,
+    C: Sync,
+    S: Send,
+    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), TrainError> + Sync,
+{
+    let workers = devices.len();
     let _turn = COLLECTIVE
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -157,15 +177,14 @@ where
     // cannot be placed (a device the machine lacks, memory) fails the step
     // here, instead of leaving registered peers waiting for it.
     let replicas: Vec<Transformer<B>> = catch_unwind(AssertUnwindSafe(|| {
-        devices[..workers]
+        devices
             .iter()
             .map(|device| policy.clone().fork(device))
             .collect()
     }))
     .map_err(|payload| {
         TrainError::DataParallel(format!(
-            "placing the policy's replicas on {:?} failed: {}",
-            &devices[..workers],
+            "placing the policy's replicas on {devices:?} failed: {}",
             panic_message(payload.as_ref())
         ))
     })?;
@@ -174,7 +193,7 @@ where
     let failed = Mutex::new(false);
     let config = CollectiveConfig::default().with_num_devices(workers);
     // Each worker: its output, none when it stood down because another failed.
-    let results: Vec<Result<Option<WorkerOutput<S>>, TrainError>> = std::thread::scope(|scope| {
+    let results = std::thread::scope(|scope| {
         let handles: Vec<_> = replicas
             .iter()
             .enumerate()
@@ -182,45 +201,13 @@ where
                 let (barrier, failed, config, gradients) = (&barrier, &failed, &config, &gradients);
                 let device = devices[w].clone();
                 scope.spawn(move || {
-                    let peer = PeerId::from(w as u32);
-                    // Registration waits for every peer; it fails only on a
-                    // configuration all of them share, so all fail alike.
-                    collective::register::<B::InnerBackend>(peer, device.clone(), config.clone())
-                        .map_err(|e| collective_error("register", e))?;
-                    let local = catch_unwind(AssertUnwindSafe(|| {
-                        let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
-                        let mut sides = Vec::new();
-                        for (i, chunk) in chunks.iter().enumerate().skip(w).step_by(workers) {
-                            let (grads, side) = gradients(replica, chunk)?;
-                            accumulator.accumulate(replica, grads);
-                            sides.push((i, side));
-                        }
-                        Ok((accumulator.grads(), sides))
-                    }))
-                    .unwrap_or_else(|payload| {
-                        Err(TrainError::DataParallel(format!(
-                            "worker {w} (device {device:?}) panicked: {}",
-                            panic_message(payload.as_ref())
-                        )))
-                    });
-                    if local.is_err() {
-                        *failed.lock().unwrap_or_else(|p| p.into_inner()) = true;
-                    }
-                    barrier.wait();
-                    let everyone_ok = !*failed.lock().unwrap_or_else(|p| p.into_inner());
-                    let out = match local {
-                        Ok((grads, sides)) if everyone_ok => grads
-                            .all_reduce::<B::InnerBackend>(peer, ReduceOperation::Sum)
-                            .map(|grads| Some((grads, sides)))
-                            .map_err(|e| collective_error("all-reduce", e)),
-                        Ok(_) => Ok(None),
-                        Err(e) => Err(e),
+                    let shared = Shared {
+                        barrier,
+                        failed,
+                        config,
+                        workers,
                     };
-                    let finished = collective::finish_collective::<B::InnerBackend>(peer)
-                        .map_err(|e| collective_error("finish", e));
-                    // The worker's own failure comes first; leaving the
-                    // collective can only fail a worker that had succeeded.
-                    out.and_then(|out| finished.map(|()| out))
+                    work::<B, C, S, F>(w, replica, device, chunks, gradients, &shared)
                 })
             })
             .collect();
@@ -237,8 +224,18 @@ where
             })
             .collect()
     });
+    Ok(results)
+}
+
+/// The gradients summed by the collective (worker 0's copy) and every
+/// chunk's side result in chunk order; the first worker's error if any
+/// failed.
+fn merge<S>(
+    results: Vec<WorkerResult<S>>,
+    chunks: usize,
+) -> Result<(GradientsParams, Vec<S>), TrainError> {
     let mut main = None;
-    let mut sides = Vec::with_capacity(chunks.len());
+    let mut sides = Vec::with_capacity(chunks);
     for (w, result) in results.into_iter().enumerate() {
         // A worker that stood down (`None`) did so because one of these failed.
         if let Some((grads, worker_sides)) = result? {
@@ -257,6 +254,80 @@ where
 
 /// A worker's summed gradients and its chunks' side results, by chunk index.
 type WorkerOutput<S> = (GradientsParams, Vec<(usize, S)>);
+
+/// A worker's output, none when it stood down because another failed.
+type WorkerResult<S> = Result<Option<WorkerOutput<S>>, TrainError>;
+
+/// What every worker of one data-parallel step shares.
+struct Shared<'a> {
+    barrier: &'a Barrier,
+    failed: &'a Mutex<bool>,
+    config: &'a CollectiveConfig,
+    workers: usize,
+}
+
+/// Worker `w` of a data-parallel step: joins the collective, computes the
+/// gradients of its chunks (every `workers`-th from `w`) on `replica`, waits
+/// for the others, and sums the gradients over the collective unless one of
+/// them failed (then it stands down: `None`).
+fn work<B, C, S, F>(
+    w: usize,
+    replica: &Transformer<B>,
+    device: B::Device,
+    chunks: &[C],
+    gradients: &F,
+    shared: &Shared<'_>,
+) -> WorkerResult<S>
+where
+    B: AutodiffModelBackend,
+    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), TrainError>,
+{
+    let Shared {
+        barrier,
+        failed,
+        config,
+        workers,
+    } = *shared;
+    let peer = PeerId::from(w as u32);
+    // Registration waits for every peer; it fails only on a
+    // configuration all of them share, so all fail alike.
+    collective::register::<B::InnerBackend>(peer, device.clone(), config.clone())
+        .map_err(|e| collective_error("register", e))?;
+    let local = catch_unwind(AssertUnwindSafe(|| {
+        let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
+        let mut sides = Vec::new();
+        for (i, chunk) in chunks.iter().enumerate().skip(w).step_by(workers) {
+            let (grads, side) = gradients(replica, chunk)?;
+            accumulator.accumulate(replica, grads);
+            sides.push((i, side));
+        }
+        Ok((accumulator.grads(), sides))
+    }))
+    .unwrap_or_else(|payload| {
+        Err(TrainError::DataParallel(format!(
+            "worker {w} (device {device:?}) panicked: {}",
+            panic_message(payload.as_ref())
+        )))
+    });
+    if local.is_err() {
+        *failed.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+    barrier.wait();
+    let everyone_ok = !*failed.lock().unwrap_or_else(|p| p.into_inner());
+    let out = match local {
+        Ok((grads, sides)) if everyone_ok => grads
+            .all_reduce::<B::InnerBackend>(peer, ReduceOperation::Sum)
+            .map(|grads| Some((grads, sides)))
+            .map_err(|e| collective_error("all-reduce", e)),
+        Ok(_) => Ok(None),
+        Err(e) => Err(e),
+    };
+    let finished = collective::finish_collective::<B::InnerBackend>(peer)
+        .map_err(|e| collective_error("finish", e));
+    // The worker's own failure comes first; leaving the
+    // collective can only fail a worker that had succeeded.
+    out.and_then(|out| finished.map(|()| out))
+}
 
 fn collective_error(what: &str, e: collective::CollectiveError) -> TrainError {
     TrainError::DataParallel(format!("{what}: burn's collective failed: {e:?}"))

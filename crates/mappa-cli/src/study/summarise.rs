@@ -158,6 +158,64 @@ pub fn smooth(curve: &[Point], window: usize) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// What an arm's training steps recorded, summed over its runs.
+#[derive(Default)]
+pub(super) struct StepTally {
+    /// Training steps.
+    pub steps: usize,
+    /// Of which every trajectory failed.
+    pub all_failed: usize,
+    /// Of which every trajectory succeeded.
+    pub all_succeeded: usize,
+    /// (normalisation sets, those with equal rewards), where recorded.
+    pub sets: Option<(usize, usize)>,
+    /// Per role: (sum of the steps' coach accuracy, steps).
+    pub accuracy: BTreeMap<String, (f64, usize)>,
+    /// Per role: the coach's errors against the agents'.
+    pub errors: BTreeMap<String, ErrorTable>,
+}
+
+impl StepTally {
+    /// The tally of every training step of `runs`.
+    pub(super) fn of<'r>(runs: impl IntoIterator<Item = &'r RunData>) -> Self {
+        let mut t = Self::default();
+        for step in runs.into_iter().flat_map(RunData::train_steps) {
+            t.steps += 1;
+            match step.uniform_outcome {
+                Some(UniformOutcome::AllFailed) => t.all_failed += 1,
+                Some(UniformOutcome::AllSucceeded) => t.all_succeeded += 1,
+                None => {}
+            }
+            if let Some(line) = step.uniform_sets {
+                let (all, uniform) = t.sets.get_or_insert((0, 0));
+                *all += line.sets;
+                *uniform += line.uniform;
+            }
+            for (role, a) in &step.coach_accuracy {
+                let e = t.accuracy.entry(role.clone()).or_default();
+                e.0 += a;
+                e.1 += 1;
+            }
+            for (role, table) in &step.coach_errors {
+                let e = t.errors.entry(role.clone()).or_default();
+                *e = e.merged(*table);
+            }
+        }
+        t
+    }
+
+    /// `n` as a share of the steps.
+    pub(super) fn share(&self, n: usize) -> f64 {
+        n as f64 / self.steps.max(1) as f64
+    }
+
+    /// The share of normalisation sets with equal rewards, where recorded.
+    pub(super) fn uniform_share(&self) -> Option<f64> {
+        self.sets
+            .map(|(all, uniform)| uniform as f64 / all.max(1) as f64)
+    }
+}
+
 /// One arm's numbers over its seeds.
 fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
     let arm = &data.arms[index];
@@ -181,33 +239,7 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         .enumerate()
         .map(|(i, r)| run_seed(r).unwrap_or(i as u64))
         .collect();
-    let (mut steps, mut all_failed, mut all_succeeded) = (0usize, 0usize, 0usize);
-    let mut sets: Option<(usize, usize)> = None;
-    let mut accuracy: BTreeMap<String, (f64, usize)> = BTreeMap::new();
-    let mut errors: BTreeMap<String, ErrorTable> = BTreeMap::new();
-    for step in runs.iter().flat_map(|r| r.train_steps()) {
-        steps += 1;
-        match step.uniform_outcome {
-            Some(UniformOutcome::AllFailed) => all_failed += 1,
-            Some(UniformOutcome::AllSucceeded) => all_succeeded += 1,
-            None => {}
-        }
-        if let Some(line) = step.uniform_sets {
-            let (all, uniform) = sets.get_or_insert((0, 0));
-            *all += line.sets;
-            *uniform += line.uniform;
-        }
-        for (role, a) in &step.coach_accuracy {
-            let e = accuracy.entry(role.clone()).or_default();
-            e.0 += a;
-            e.1 += 1;
-        }
-        for (role, table) in &step.coach_errors {
-            let e = errors.entry(role.clone()).or_default();
-            *e = e.merged(*table);
-        }
-    }
-    let share = |n: usize| n as f64 / steps.max(1) as f64;
+    let tally = StepTally::of(runs.iter().copied());
     let rewards: Vec<_> = runs
         .iter()
         .map(|r| agent_series(r, |m, a| Some(m.agent(a)?.mean_reward)))
@@ -233,14 +265,15 @@ fn summarise_arm(data: &StudyData, index: usize) -> ArmSummary {
         curve: average(&evals),
         per_seed_curves: evals,
         rollouts_to_baseline_final: None,
-        all_failed_steps: share(all_failed),
-        all_succeeded_steps: share(all_succeeded),
-        uniform_sets: sets.map(|(all, uniform)| uniform as f64 / all.max(1) as f64),
-        coach_accuracy: accuracy
+        all_failed_steps: tally.share(tally.all_failed),
+        all_succeeded_steps: tally.share(tally.all_succeeded),
+        uniform_sets: tally.uniform_share(),
+        coach_accuracy: tally
+            .accuracy
             .into_iter()
             .map(|(role, (sum, n))| (role, sum / n as f64))
             .collect(),
-        coach_errors: errors,
+        coach_errors: tally.errors,
         reward: agent_average(&rewards),
         coach_score: agent_average(&scores),
     }

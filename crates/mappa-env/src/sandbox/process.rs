@@ -735,6 +735,24 @@ fn spawn(config: &SandboxConfig, dir: &RunDir, plan: ChildPlan) -> io::Result<(S
         report: report_write.as_raw_fd(),
         plan,
     };
+    let start = Instant::now();
+    let pid = clone_child(&launch)?;
+    drop((null, out_write, err_write, report_write));
+    exec_report(File::from(report_read), pid)?;
+    Ok((
+        Spawned {
+            pid,
+            stdout: File::from(out_read),
+            stderr: File::from(err_read),
+        },
+        start,
+    ))
+}
+
+/// Start the child of `launch` as `posix_spawn` does (`clone` with
+/// `CLONE_VM | CLONE_VFORK`, every signal blocked around it); returns once
+/// it has exec'd or exited.
+fn clone_child(launch: &Launch) -> io::Result<libc::pid_t> {
     let mut stack = vec![0u8; 256 * 1024];
     // SAFETY: the stack grows down from the end of a live buffer, aligned to
     // 16 bytes.
@@ -742,12 +760,11 @@ fn spawn(config: &SandboxConfig, dir: &RunDir, plan: ChildPlan) -> io::Result<(S
         let end = stack.as_mut_ptr().add(stack.len());
         end.sub(end as usize % 16)
     };
-    let start = Instant::now();
     // SAFETY: no signal handler may run in the child before it resets them
     // (all signals are blocked around clone); the parent is suspended until
     // the child execs or exits (CLONE_VFORK), so `launch` and `stack` outlive
     // its use of them.
-    let pid = unsafe {
+    unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
@@ -756,18 +773,22 @@ fn spawn(config: &SandboxConfig, dir: &RunDir, plan: ChildPlan) -> io::Result<(S
             launch_child,
             stack_top.cast(),
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&launch as *const Launch).cast_mut().cast(),
+            (launch as *const Launch).cast_mut().cast(),
         );
         let clone_error = io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        drop(stack);
         if pid < 0 {
             return Err(clone_error);
         }
-        pid
-    };
-    drop((null, out_write, err_write, report_write, stack));
+        Ok(pid)
+    }
+}
+
+/// The child's report pipe (its write end closed here): empty when it
+/// exec'd; otherwise the errno it failed with before exec, after reaping it.
+fn exec_report(mut report: File, pid: libc::pid_t) -> io::Result<()> {
     let mut errno = [0u8; std::mem::size_of::<libc::c_int>()];
-    let mut report = File::from(report_read);
     if let Ok(n @ 1..) = report.read(&mut errno) {
         // SAFETY: `pid` is our child, which failed before exec.
         unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
@@ -778,14 +799,7 @@ fn spawn(config: &SandboxConfig, dir: &RunDir, plan: ChildPlan) -> io::Result<(S
         };
         return Err(io::Error::from_raw_os_error(errno));
     }
-    Ok((
-        Spawned {
-            pid,
-            stdout: File::from(out_read),
-            stderr: File::from(err_read),
-        },
-        start,
-    ))
+    Ok(())
 }
 
 /// What a reader thread sends: the kept bytes of a pipe and its total length.

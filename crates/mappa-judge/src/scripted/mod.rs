@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 
 use mappa_env::slips::{SlipKind, MAX_DIFFICULTY_WEIGHT};
 
-use crate::context::{ActionContext, ActionScore, Audit};
+use crate::context::{ActionContext, ActionScore, Audit, KnownSolution};
 use crate::{Coach, CoachError, CoachReport, SharedCounts};
 use input_only::{InputOnly, TaskTied};
 use oracle::{carried_forward, quality};
@@ -260,22 +260,20 @@ impl ScriptedCoach {
         self
     }
 
-    /// Score one action.
-    pub fn score_one(&self, ctx: &ActionContext) -> Result<ActionScore, CoachError> {
-        let solution = ctx.solution.as_ref().ok_or_else(|| {
-            CoachError::Config(format!(
-                "action {:?}: a scripted coach needs the task's known solution (`solution`), \
-                 which only generated tasks have",
-                ctx.id
-            ))
-        })?;
-        let key = content_key(ctx);
+    /// The view's verdict on one action: its quality, the account, the
+    /// score offset, and the audit against the truth where the truth is
+    /// defined (the arith workflows: did the agent do its part right, given
+    /// its input). `key` names the action's streams.
+    fn verdict(
+        &self,
+        ctx: &ActionContext,
+        solution: &KnownSolution,
+        key: &str,
+    ) -> Result<(f64, String, f64, Option<Audit>), CoachError> {
         let mut judging = self
             .seeds
             .stream(&format!("scripted-coach/{key}/judgement"));
-        // The truth a verdict is measured against, where it is defined (the
-        // arith workflow): did the agent do its part right, given its input.
-        let (quality, why, action_bias, audit) = match self.config.view {
+        match self.config.view {
             View::Oracle => {
                 let (mut q, mut why) = quality(ctx, solution);
                 if self.config.judge_against_input && q < CARRIED_FORWARD && carried_forward(ctx) {
@@ -289,7 +287,7 @@ impl ScriptedCoach {
                     judged_right: q >= 0.5,
                     truly_right: t.truly_right,
                 });
-                (q, why, 0.0, audit)
+                Ok((q, why, 0.0, audit))
             }
             View::InputOnly | View::TaskTied => {
                 let tied = (self.config.view == View::TaskTied).then_some(TaskTied {
@@ -310,9 +308,22 @@ impl ScriptedCoach {
                     judged_right: j.judged_right,
                     truly_right: j.truly_right,
                 };
-                (q, j.why, j.bias, Some(audit))
+                Ok((q, j.why, j.bias, Some(audit)))
             }
-        };
+        }
+    }
+
+    /// Score one action.
+    pub fn score_one(&self, ctx: &ActionContext) -> Result<ActionScore, CoachError> {
+        let solution = ctx.solution.as_ref().ok_or_else(|| {
+            CoachError::Config(format!(
+                "action {:?}: a scripted coach needs the task's known solution (`solution`), \
+                 which only generated tasks have",
+                ctx.id
+            ))
+        })?;
+        let key = content_key(ctx);
+        let (quality, why, action_bias, audit) = self.verdict(ctx, solution, &key)?;
         let (default_noise, discrimination) = self.config.strength.preset();
         let noise_std = self.config.noise_std.unwrap_or(default_noise);
         let bias = self
@@ -392,7 +403,6 @@ impl Coach for ScriptedCoach {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::KnownSolution;
     use crate::FileLists;
     use oracle::mentions;
 

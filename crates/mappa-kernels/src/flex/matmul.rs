@@ -84,17 +84,7 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
         && narrow::available()
     {
         // A weight matrix times a few token columns (`W xᵀ`, decoding).
-        let (lhs_data, rhs_data) = (lhs.storage::<f32>(), rhs.storage::<f32>());
-        let (rs, cs) = (rl.strides()[rank - 2], rl.strides()[rank - 1]);
-        let rhs_start = rl.start_offset() as isize;
-        let out = narrow::matmul(
-            m,
-            n,
-            k,
-            &lhs_data[ll.start_offset()..],
-            ll.strides()[rank - 2] as usize,
-            |p, j| rhs_data[(rhs_start + p as isize * rs + j as isize * cs) as usize],
-        );
+        let out = narrow_product(lhs, rhs, [m, n, k]);
         return tensor(out, Shape::from(out_shape));
     }
     let copied_rhs;
@@ -129,36 +119,7 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     };
     let ops = m * n * k;
     if batches == 1 {
-        let parallelism = if ops >= GEMM_PARALLEL_OPS {
-            gemm::Parallelism::Rayon(0)
-        } else {
-            gemm::Parallelism::None
-        };
-        let col_major = writes_column_major(m, n, &lhs_view);
-        let threads = rayon::current_num_threads();
-        if ops >= GEMM_PARALLEL_OPS && splits_reduction([m, n, k], &lhs_view, threads) {
-            split_reduction(
-                &mut out,
-                [m, n, k],
-                [&lhs_view, &rhs_view],
-                threads,
-                col_major,
-            );
-        } else {
-            gemm_chunked(
-                &mut out,
-                m,
-                n,
-                k,
-                &lhs_view,
-                0,
-                &rhs_view,
-                0,
-                parallelism,
-                col_major,
-            );
-        }
-        if col_major {
+        if single_product(&mut out, [m, n, k], &lhs_view, &rhs_view) {
             // SAFETY: every element was written by gemm (`k > 0`), and
             // MaybeUninit<f32> has f32's size and alignment.
             let column_major =
@@ -185,6 +146,60 @@ pub(super) fn matmul(lhs: &FlexTensor, rhs: &FlexTensor) -> FlexTensor {
     let out =
         unsafe { Vec::from_raw_parts(out.as_mut_ptr().cast::<f32>(), out.len(), out.capacity()) };
     tensor(out, Shape::from(out_shape))
+}
+
+/// `lhs @ rhs` for one matrix times a few columns, by [`narrow::matmul`]
+/// (the caller checked that it applies): row-major, `m x n`.
+fn narrow_product(lhs: &FlexTensor, rhs: &FlexTensor, [m, n, k]: [usize; 3]) -> Vec<f32> {
+    let (ll, rl) = (lhs.layout(), rhs.layout());
+    let rank = ll.shape().len();
+    let (lhs_data, rhs_data) = (lhs.storage::<f32>(), rhs.storage::<f32>());
+    let (rs, cs) = (rl.strides()[rank - 2], rl.strides()[rank - 1]);
+    let rhs_start = rl.start_offset() as isize;
+    narrow::matmul(
+        m,
+        n,
+        k,
+        &lhs_data[ll.start_offset()..],
+        ll.strides()[rank - 2] as usize,
+        |p, j| rhs_data[(rhs_start + p as isize * rs + j as isize * cs) as usize],
+    )
+}
+
+/// One `m x n` product into `out` by gemm, on gemm's threads or with its
+/// reduction split among threads ([`splits_reduction`]) when large enough;
+/// returns whether `out` was written column-major ([`writes_column_major`]).
+fn single_product(
+    out: &mut [MaybeUninit<f32>],
+    [m, n, k]: [usize; 3],
+    lhs_view: &View,
+    rhs_view: &View,
+) -> bool {
+    let ops = m * n * k;
+    let parallelism = if ops >= GEMM_PARALLEL_OPS {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
+    let col_major = writes_column_major(m, n, lhs_view);
+    let threads = rayon::current_num_threads();
+    if ops >= GEMM_PARALLEL_OPS && splits_reduction([m, n, k], lhs_view, threads) {
+        split_reduction(out, [m, n, k], [lhs_view, rhs_view], threads, col_major);
+    } else {
+        gemm_chunked(
+            out,
+            m,
+            n,
+            k,
+            lhs_view,
+            0,
+            rhs_view,
+            0,
+            parallelism,
+            col_major,
+        );
+    }
+    col_major
 }
 
 /// Whether [`matmul`] shares the `GEMM_MAX_K`-term slices of a product's

@@ -369,23 +369,11 @@ fn pre_tokenizer(pre: &str) -> Option<Value> {
     }
 }
 
-/// `tokenizer.json` for a byte-level BPE (`gpt2`) GGUF tokenizer.
-fn tokenizer_json(gguf: &GgufFile) -> Result<Value> {
-    let model = gguf.get_str("tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(gguf.error(format!(
-            "metadata `tokenizer.ggml.model` is `{model}`: only byte-level BPE (`gpt2`) tokenizers are converted"
-        )));
-    }
-    let pre = gguf.get_str("tokenizer.ggml.pre").unwrap_or("gpt-2");
-    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
-        gguf.error(format!(
-            "metadata `tokenizer.ggml.pre` is `{pre}`, a pre-tokenizer mappa does not know (it knows gpt-2, smollm, starcoder, refact, codeshell); guessing would change every encoding"
-        ))
-    })?;
-    let tokens = gguf.get_strings("tokenizer.ggml.tokens")?;
+/// Each token's type (1 normal, 3 control, 4 user-defined): from
+/// `tokenizer.ggml.token_type`, or all normal when absent.
+fn token_types(gguf: &GgufFile, tokens: usize) -> Result<Vec<i64>> {
     let types: Vec<i64> = match gguf.metadata().get("tokenizer.ggml.token_type") {
-        None => vec![1; tokens.len()],
+        None => vec![1; tokens],
         Some(_) => gguf
             .get_array("tokenizer.ggml.token_type")?
             .iter()
@@ -396,17 +384,26 @@ fn tokenizer_json(gguf: &GgufFile) -> Result<Value> {
             })
             .collect::<Result<_>>()?,
     };
-    if types.len() != tokens.len() {
+    if types.len() != tokens {
         return Err(gguf.error(format!(
             "metadata `tokenizer.ggml.token_type` has {} entries for {} tokens",
             types.len(),
-            tokens.len()
+            tokens
         )));
     }
-    let merges = gguf.get_strings("tokenizer.ggml.merges")?;
+    Ok(types)
+}
+
+/// The BPE vocabulary (token to id, each once) and the added tokens
+/// (control tokens, special; user-defined ones, not).
+fn vocab_and_added(
+    gguf: &GgufFile,
+    tokens: &[&str],
+    types: &[i64],
+) -> Result<(serde_json::Map<String, Value>, Vec<Value>)> {
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut added = Vec::new();
-    for (id, (token, kind)) in tokens.iter().zip(&types).enumerate() {
+    for (id, (token, kind)) in tokens.iter().zip(types).enumerate() {
         if vocab.insert(token.to_string(), id.into()).is_some() {
             return Err(gguf.error(format!(
                 "metadata `tokenizer.ggml.tokens` lists `{token}` twice (again at {id})"
@@ -420,7 +417,13 @@ fn tokenizer_json(gguf: &GgufFile) -> Result<Value> {
             }));
         }
     }
-    let post_processor = if gguf.get_bool_or("tokenizer.ggml.add_bos_token", false)? {
+    Ok((vocab, added))
+}
+
+/// The post-processor: a BOS token before each sequence when the GGUF
+/// says to add one, else byte-level.
+fn post_processor(gguf: &GgufFile, tokens: &[&str]) -> Result<Value> {
+    let processor = if gguf.get_bool_or("tokenizer.ggml.add_bos_token", false)? {
         let bos_id = special_id(gguf, "bos_token_id", tokens.len())?.ok_or_else(|| {
             gguf.error("metadata `tokenizer.ggml.add_bos_token` is set but `tokenizer.ggml.bos_token_id` is missing")
         })?;
@@ -440,6 +443,28 @@ fn tokenizer_json(gguf: &GgufFile) -> Result<Value> {
     } else {
         json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true})
     };
+    Ok(processor)
+}
+
+/// `tokenizer.json` for a byte-level BPE (`gpt2`) GGUF tokenizer.
+fn tokenizer_json(gguf: &GgufFile) -> Result<Value> {
+    let model = gguf.get_str("tokenizer.ggml.model")?;
+    if model != "gpt2" {
+        return Err(gguf.error(format!(
+            "metadata `tokenizer.ggml.model` is `{model}`: only byte-level BPE (`gpt2`) tokenizers are converted"
+        )));
+    }
+    let pre = gguf.get_str("tokenizer.ggml.pre").unwrap_or("gpt-2");
+    let pre_tokenizer = pre_tokenizer(pre).ok_or_else(|| {
+        gguf.error(format!(
+            "metadata `tokenizer.ggml.pre` is `{pre}`, a pre-tokenizer mappa does not know (it knows gpt-2, smollm, starcoder, refact, codeshell); guessing would change every encoding"
+        ))
+    })?;
+    let tokens = gguf.get_strings("tokenizer.ggml.tokens")?;
+    let types = token_types(gguf, tokens.len())?;
+    let merges = gguf.get_strings("tokenizer.ggml.merges")?;
+    let (vocab, added) = vocab_and_added(gguf, &tokens, &types)?;
+    let post_processor = post_processor(gguf, &tokens)?;
     Ok(json!({
         "version": "1.0",
         "truncation": null,

@@ -352,6 +352,76 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Where a GGUF file's tensor data lies: its start, its alignment, and the
+/// file's length.
+struct Layout {
+    data_start: u64,
+    alignment: u64,
+    file_len: usize,
+}
+
+/// One tensor's info, checked: a type mappa reads, whole blocks, an aligned
+/// offset, and bytes inside the file.
+fn tensor_info(
+    name: String,
+    dims: Vec<u64>,
+    code: u32,
+    offset: u64,
+    layout: &Layout,
+) -> Parsed<TensorInfo> {
+    let Layout {
+        data_start,
+        alignment,
+        file_len,
+    } = *layout;
+    let ggml_type = GgmlType::from_code(code).ok_or_else(|| {
+        format!(
+            "tensor `{name}` is stored as {}, which mappa cannot read (it reads {})",
+            quant::code_name(code),
+            GgmlType::ALL.map(GgmlType::name).join(", ")
+        )
+    })?;
+    let elements = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("tensor `{name}` has dimensions {dims:?}: empty or overflowing"))?;
+    let block = ggml_type.block_elements() as u64;
+    if !dims[0].is_multiple_of(block) {
+        return Err(format!(
+            "tensor `{name}` ({}) has rows of {} elements, not a multiple of its block of {block}",
+            ggml_type.name(),
+            dims[0]
+        ));
+    }
+    let size = elements / block * ggml_type.block_bytes() as u64;
+    if !offset.is_multiple_of(alignment) {
+        return Err(format!(
+            "tensor `{name}` starts at data offset {offset}, not a multiple of the alignment {alignment}"
+        ));
+    }
+    let start = data_start.checked_add(offset);
+    let end = start.and_then(|s| s.checked_add(size));
+    let (start, end) = match (start, end) {
+        (Some(s), Some(e)) if e <= file_len as u64 => (s as usize, e as usize),
+        _ => {
+            return Err(format!(
+                "truncated: tensor `{name}` ({}, {size} bytes at offset {}) runs past the end of the file ({} bytes)",
+                ggml_type.name(),
+                data_start.saturating_add(offset),
+                file_len
+            ))
+        }
+    };
+    let dims = dims.into_iter().map(|d| d as usize).collect();
+    Ok(TensorInfo {
+        name,
+        dims,
+        ggml_type,
+        range: start..end,
+    })
+}
+
 /// Parses the header, metadata and tensor infos of `bytes`, a whole file.
 fn parse(bytes: &[u8]) -> Parsed<(u32, BTreeMap<String, MetaValue>, Vec<TensorInfo>)> {
     let mut cur = Cursor { bytes, pos: 0 };
@@ -410,57 +480,17 @@ fn parse(bytes: &[u8]) -> Parsed<(u32, BTreeMap<String, MetaValue>, Vec<TensorIn
     }
     let data_start = (cur.pos as u64).div_ceil(alignment) * alignment;
 
-    let mut tensors = Vec::with_capacity(tensor_count);
-    for (name, dims, code, offset) in infos {
-        let ggml_type = GgmlType::from_code(code).ok_or_else(|| {
-            format!(
-                "tensor `{name}` is stored as {}, which mappa cannot read (it reads {})",
-                quant::code_name(code),
-                GgmlType::ALL.map(GgmlType::name).join(", ")
-            )
-        })?;
-        let elements = dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-            .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                format!("tensor `{name}` has dimensions {dims:?}: empty or overflowing")
-            })?;
-        let block = ggml_type.block_elements() as u64;
-        if dims[0] % block != 0 {
-            return Err(format!(
-                "tensor `{name}` ({}) has rows of {} elements, not a multiple of its block of {block}",
-                ggml_type.name(),
-                dims[0]
-            ));
-        }
-        let size = elements / block * ggml_type.block_bytes() as u64;
-        if offset % alignment != 0 {
-            return Err(format!(
-                "tensor `{name}` starts at data offset {offset}, not a multiple of the alignment {alignment}"
-            ));
-        }
-        let start = data_start.checked_add(offset);
-        let end = start.and_then(|s| s.checked_add(size));
-        let (start, end) = match (start, end) {
-            (Some(s), Some(e)) if e <= bytes.len() as u64 => (s as usize, e as usize),
-            _ => {
-                return Err(format!(
-                    "truncated: tensor `{name}` ({}, {size} bytes at offset {}) runs past the end of the file ({} bytes)",
-                    ggml_type.name(),
-                    data_start.saturating_add(offset),
-                    bytes.len()
-                ))
-            }
-        };
-        let dims = dims.into_iter().map(|d| d as usize).collect();
-        tensors.push(TensorInfo {
-            name,
-            dims,
-            ggml_type,
-            range: start..end,
-        });
-    }
+    let tensors = infos
+        .into_iter()
+        .map(|(name, dims, code, offset)| {
+            let layout = Layout {
+                data_start,
+                alignment,
+                file_len: bytes.len(),
+            };
+            tensor_info(name, dims, code, offset, &layout)
+        })
+        .collect::<Parsed<Vec<_>>>()?;
     Ok((version, metadata, tensors))
 }
 

@@ -143,6 +143,84 @@ fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<()
     Ok(())
 }
 
+/// The warm-started models of every role (made, or read from the cache
+/// next to the run directory), each on its role's first device.
+fn warm_started<B: AutodiffModelBackend>(
+    manifest: &Manifest,
+    warm: &crate::manifest::WarmStart,
+    (workflow, tasks, sandbox): (&Workflow, &TaskSet, &Sandbox),
+    sources: BTreeMap<String, (Transformer<B>, PathBuf)>,
+    run_dir: &Path,
+    box_devices: &[B::Device],
+) -> Result<BTreeMap<String, (Transformer<B>, PathBuf)>, TrainError> {
+    let resolved = manifest.resolve()?;
+    let cache_root = run_dir.parent().unwrap_or(run_dir).join(".warm-start");
+    let dir = crate::warm_start::cache_dir(manifest, &resolved, &cache_root);
+    let tuned = crate::warm_start::ensure(
+        manifest,
+        warm,
+        workflow,
+        sources,
+        &tasks.eval,
+        sandbox,
+        &dir,
+    )?;
+    let mut out = BTreeMap::new();
+    for (role, path) in tuned {
+        let main = role_devices::<B>(manifest, &role, box_devices).remove(0);
+        let model = load_transformer::<B>(&path, &main)
+            .and_then(|m| manifest.train.base_dtype.store(m))
+            .map_err(|e| TrainError::model_at(&path, e))?;
+        out.insert(role, (model, path));
+    }
+    Ok(out)
+}
+
+/// Each agent's tokenizer and chat template, and its learner (with LoRA
+/// adapters and data-parallel replicas where the manifest asks for them).
+fn agents<B: AutodiffModelBackend>(
+    manifest: &Manifest,
+    workflow: &Workflow,
+    mut sources: BTreeMap<String, (Transformer<B>, PathBuf)>,
+    box_devices: &[B::Device],
+    seeds: SeedTree,
+) -> Result<(Vec<AgentModel>, Vec<AgentLearner<B>>), TrainError> {
+    let mut models = Vec::new();
+    let mut learners = Vec::new();
+    for agent in &workflow.agents {
+        let (mut policy, path) = sources.remove(&agent.role).expect("every role has a model");
+        let model_err = |e| TrainError::model_at(&path, e);
+        if let Some(lora) = &manifest.train.lora {
+            let mut rng = seeds.stream(&format!("lora-init/{}", agent.role));
+            policy = policy.with_lora(lora, &mut rng).map_err(model_err)?;
+        }
+        let tokenizer = HfTokenizer::from_dir(&path).map_err(model_err)?;
+        let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(model_err)?;
+        let mut learner = AgentLearner::new(&agent.role, policy, manifest.train.clone())?
+            .with_base_model(path.display().to_string());
+        let devices = role_devices::<B>(manifest, &agent.role, box_devices);
+        if devices.len() > 1 {
+            learner = learner.with_data_parallel(devices)?;
+        }
+        learners.push(learner);
+        models.push(AgentModel {
+            tokenizer,
+            template,
+        });
+    }
+    Ok((models, learners))
+}
+
+/// The manifest's coach, its cache mode overridden by `mode` when given.
+fn open_coach(manifest: &Manifest, mode: Option<CacheMode>) -> Result<Box<dyn Coach>, TrainError> {
+    let mut config = manifest.coach.clone();
+    if let Some(mode) = mode {
+        config.cache_mode = mode;
+    }
+    compare_cache_machine(&config)?;
+    Ok(config.build()?)
+}
+
 impl<'a, B: AutodiffModelBackend> Runner<'a, B>
 where
     Transformer<B::InnerBackend>: Send,
@@ -161,62 +239,12 @@ where
         let box_devices = crate::data_parallel::devices_of_box::<B>(device, count)?;
         let mut sources = base_models::<B>(manifest, &workflow, &box_devices)?;
         if let Some(warm) = &manifest.warm_start {
-            let resolved = manifest.resolve()?;
-            let cache_root = run_dir.parent().unwrap_or(run_dir).join(".warm-start");
-            let dir = crate::warm_start::cache_dir(manifest, &resolved, &cache_root);
-            let tuned = crate::warm_start::ensure(
-                manifest,
-                warm,
-                &workflow,
-                sources,
-                &tasks.eval,
-                &sandbox,
-                &dir,
-            )?;
-            sources = BTreeMap::new();
-            for (role, path) in tuned {
-                let main = role_devices::<B>(manifest, &role, &box_devices).remove(0);
-                let model = load_transformer::<B>(&path, &main)
-                    .and_then(|m| manifest.train.base_dtype.store(m))
-                    .map_err(|e| TrainError::model_at(&path, e))?;
-                sources.insert(role, (model, path));
-            }
+            let env = (&workflow, &tasks, &sandbox);
+            sources = warm_started::<B>(manifest, warm, env, sources, run_dir, &box_devices)?;
         }
         let seeds = SeedTree::new(manifest.seed);
-        let mut models = Vec::new();
-        let mut learners = Vec::new();
-        for agent in &workflow.agents {
-            let (mut policy, path) = sources.remove(&agent.role).expect("every role has a model");
-            let model_err = |e| TrainError::model_at(&path, e);
-            if let Some(lora) = &manifest.train.lora {
-                let mut rng = seeds.stream(&format!("lora-init/{}", agent.role));
-                policy = policy.with_lora(lora, &mut rng).map_err(model_err)?;
-            }
-            let tokenizer = HfTokenizer::from_dir(&path).map_err(model_err)?;
-            let template = ChatTemplate::from_tokenizer(&tokenizer).map_err(model_err)?;
-            let mut learner = AgentLearner::new(&agent.role, policy, manifest.train.clone())?
-                .with_base_model(path.display().to_string());
-            let devices = role_devices::<B>(manifest, &agent.role, &box_devices);
-            if devices.len() > 1 {
-                learner = learner.with_data_parallel(devices)?;
-            }
-            learners.push(learner);
-            models.push(AgentModel {
-                tokenizer,
-                template,
-            });
-        }
-        let coach = match coach {
-            Some(mode) => {
-                let mut config = manifest.coach.clone();
-                if let Some(mode) = mode {
-                    config.cache_mode = mode;
-                }
-                compare_cache_machine(&config)?;
-                Some(config.build()?)
-            }
-            None => None,
-        };
+        let (models, learners) = agents::<B>(manifest, &workflow, sources, &box_devices, seeds)?;
+        let coach = coach.map(|mode| open_coach(manifest, mode)).transpose()?;
         let dir = RunDir {
             root: run_dir.to_path_buf(),
         };

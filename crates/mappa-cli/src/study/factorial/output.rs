@@ -11,12 +11,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use mappa_judge::ErrorTable;
 use mappa_train::manifest::{Factorial, Manifest, Study};
-use mappa_train::records::UniformOutcome;
 
 use super::super::registration::Registration;
 use super::super::render::{describe_coach, pct, registration_text};
+use super::super::summarise::StepTally;
 use super::super::verdict::{ALPHA, ENDPOINT};
 use super::super::Profile;
 use super::analysis::{contrasts, gain_by_level, rows, ContrastResult, SeedRow};
@@ -331,7 +330,7 @@ fn cell_section(data: &FactorialData, rows: &[SeedRow]) -> String {
                 .map(|r| r.area)
                 .collect();
             let (mean, std) = mappa_core::stats::mean_sample_std(&areas);
-            let stats = ArmStats::of(runs_of(data.ran, c, a));
+            let stats = StepTally::of(runs_of(data.ran, c, a));
             md.push_str(&format!(
                 "| {} | {} | {} | {} | {} ± {} | {} | {} |\n",
                 if a == 0 { cell.cell.name.as_str() } else { "" },
@@ -344,8 +343,8 @@ fn cell_section(data: &FactorialData, rows: &[SeedRow]) -> String {
                 arm.label,
                 pct(mean),
                 pct(std),
-                pct(stats.all_failed),
-                stats.uniform_sets.map_or("-".into(), pct),
+                pct(stats.share(stats.all_failed)),
+                stats.uniform_share().map_or("-".into(), pct),
             ));
         }
     }
@@ -361,38 +360,6 @@ fn runs_of(ran: &Ran, c: usize, a: usize) -> impl Iterator<Item = &RunData> {
         .map(|(_, r)| r)
 }
 
-/// What one arm's runs recorded about the coach and uniform batches.
-struct ArmStats {
-    errors: BTreeMap<String, ErrorTable>,
-    all_failed: f64,
-    uniform_sets: Option<f64>,
-}
-
-impl ArmStats {
-    fn of<'r>(runs: impl Iterator<Item = &'r RunData>) -> Self {
-        let mut errors: BTreeMap<String, ErrorTable> = BTreeMap::new();
-        let (mut steps, mut failed, mut sets) = (0usize, 0usize, None::<(usize, usize)>);
-        for step in runs.flat_map(RunData::train_steps) {
-            steps += 1;
-            failed += usize::from(step.uniform_outcome == Some(UniformOutcome::AllFailed));
-            if let Some(line) = step.uniform_sets {
-                let (all, uniform) = sets.get_or_insert((0, 0));
-                *all += line.sets;
-                *uniform += line.uniform;
-            }
-            for (role, table) in &step.coach_errors {
-                let e = errors.entry(role.clone()).or_default();
-                *e = e.merged(*table);
-            }
-        }
-        Self {
-            errors,
-            all_failed: failed as f64 / steps.max(1) as f64,
-            uniform_sets: sets.map(|(all, uniform)| uniform as f64 / all.max(1) as f64),
-        }
-    }
-}
-
 /// Per cell and arm: the coach's measured accuracy and the correlation of
 /// its errors with the agents', per role.
 fn coach_section(data: &FactorialData) -> String {
@@ -401,7 +368,7 @@ fn coach_section(data: &FactorialData) -> String {
     let mut lines = Vec::new();
     for (c, cell) in data.cells.iter().enumerate() {
         for (a, (arm, _)) in cell.arms.iter().enumerate() {
-            let stats = ArmStats::of(runs_of(data.ran, c, a));
+            let stats = StepTally::of(runs_of(data.ran, c, a));
             for role in stats.errors.keys() {
                 if !roles.contains(role) {
                     roles.push(role.clone());
@@ -448,7 +415,7 @@ fn coach_arms_matched(data: &FactorialData) -> String {
         .filter(|(_, c)| c.arms.len() > 2)
     {
         let accuracy = |a: usize| {
-            let stats = ArmStats::of(runs_of(data.ran, c, a));
+            let stats = StepTally::of(runs_of(data.ran, c, a));
             let first = cell.arms[a]
                 .1
                 .models
