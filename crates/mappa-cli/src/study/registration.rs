@@ -65,10 +65,23 @@ pub fn find(manifest: &Path) -> Result<Registration, String> {
 /// [`find`] for a factorial study, whose analysis code includes the
 /// factorial module's.
 pub fn find_factorial(manifest: &Path) -> Result<Registration, String> {
+    find_with(manifest, &factorial_analysis_files())
+}
+
+/// The analysis code of a factorial study: [`analysis_files`] and the
+/// factorial module, its recomputing script included.
+fn factorial_analysis_files() -> Vec<PathBuf> {
     let factorial = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/study/factorial");
+    let parts = [
+        "mod.rs",
+        "design.rs",
+        "analysis.rs",
+        "output.rs",
+        "recompute.py",
+    ];
     let mut files = analysis_files();
-    files.extend(["mod.rs", "design.rs", "analysis.rs", "output.rs"].map(|f| factorial.join(f)));
-    find_with(manifest, &files)
+    files.extend(parts.map(|f| factorial.join(f)));
+    files
 }
 
 /// [`find`] with the analysis code in `analysis`.
@@ -125,6 +138,13 @@ fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_registered_analysis_file_exists() {
+        for file in factorial_analysis_files() {
+            assert!(file.is_file(), "{}", file.display());
+        }
+    }
 
     fn git_ok(dir: &Path, args: &[&str]) {
         git(dir, args).unwrap();

@@ -13,6 +13,18 @@ use mappa_train::manifest::{Cell, Factorial, Manifest, Study};
 use super::super::plan::{apply_coach, apply_variants};
 use super::super::{verdict::ALPHA, Arm, ArmGroup, Profile};
 
+/// The columns of `per_seed.csv` besides one per factor: no factor may
+/// take their names.
+pub const CSV_COLUMNS: [&str; 7] = [
+    "seed",
+    "cell",
+    "arm",
+    "warm_start",
+    "start_accuracy",
+    "area",
+    "final_accuracy",
+];
+
 /// A cell and its arms: the method first, then the baseline, then the
 /// method under the cell's coach arms; each with its manifest (seed not
 /// yet set).
@@ -57,6 +69,15 @@ pub fn check(factorial: &Factorial, study: &Study) -> anyhow::Result<()> {
     let e = |msg: String| anyhow!("study.factorial: {msg}");
     if factorial.factors.is_empty() || factorial.cells.is_empty() {
         return Err(e("expected at least one factor and one cell".into()));
+    }
+    for factor in &factorial.factors {
+        if CSV_COLUMNS.contains(&factor.name.as_str()) {
+            return Err(e(format!(
+                "a factor is called {:?}, a column per_seed.csv already has ({})",
+                factor.name,
+                CSV_COLUMNS.join(", ")
+            )));
+        }
     }
     let mut combinations: BTreeSet<Vec<&str>> = BTreeSet::new();
     for cell in &factorial.cells {

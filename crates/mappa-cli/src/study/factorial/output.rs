@@ -126,7 +126,13 @@ fn write_csv(path: &Path, rows: &[SeedRow], data: &FactorialData) -> anyhow::Res
     let mut out = csv::Writer::from_writer(Vec::new());
     let mut header = vec!["seed", "cell"];
     header.extend(&factors);
-    header.extend(["arm", "warm_start", "start", "area", "final_accuracy"]);
+    header.extend([
+        "arm",
+        "warm_start",
+        "start_accuracy",
+        "area",
+        "final_accuracy",
+    ]);
     out.write_record(&header).map_err(err)?;
     for row in rows {
         let cell = data
