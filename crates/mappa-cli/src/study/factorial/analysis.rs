@@ -153,17 +153,22 @@ pub fn planned_sd(contrast: &Contrast, prior_sd: f64) -> f64 {
     prior_sd * variance.sqrt()
 }
 
-/// The level a contrast is planned at: Holm's strictest step for a primary
-/// contrast, alpha for a secondary one.
-pub fn planned_alpha(contrast: &Contrast, factorial: &Factorial) -> f64 {
-    let primaries = factorial
+/// The number of primary contrasts (at least 1): Holm's strictest step is
+/// alpha divided by it.
+pub fn primaries(factorial: &Factorial) -> usize {
+    factorial
         .contrasts
         .iter()
         .filter(|c| c.primary)
         .count()
-        .max(1);
+        .max(1)
+}
+
+/// The level a contrast is planned at: Holm's strictest step for a primary
+/// contrast, alpha for a secondary one.
+pub fn planned_alpha(contrast: &Contrast, factorial: &Factorial) -> f64 {
     if contrast.primary {
-        ALPHA / primaries as f64
+        ALPHA / primaries(factorial) as f64
     } else {
         ALPHA
     }

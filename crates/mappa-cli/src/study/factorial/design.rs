@@ -46,12 +46,7 @@ pub fn seeds(study: &Study, factorial: &Factorial, profile: Profile) -> anyhow::
     if seeds == 0 {
         bail!("study.seeds: expected at least 1");
     }
-    let primaries = factorial
-        .contrasts
-        .iter()
-        .filter(|c| c.primary)
-        .count()
-        .max(1);
+    let primaries = super::analysis::primaries(factorial);
     let needed = mappa_core::paired::min_pairs(ALPHA / primaries as f64) as u64;
     if profile == Profile::Full && study.confirmatory && seeds < needed {
         bail!(
