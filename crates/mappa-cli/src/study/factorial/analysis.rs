@@ -261,6 +261,22 @@ pub fn contrasts(
     results
 }
 
+/// A cell's method-minus-baseline area difference at each seed that ran
+/// both arms, in seed order.
+pub fn cell_gains(rows: &[SeedRow], cell: &str, study: &Study) -> Vec<f64> {
+    let area = |arm: &str| -> BTreeMap<u64, f64> {
+        rows.iter()
+            .filter(|r| r.cell == cell && r.arm == arm)
+            .map(|r| (r.seed, r.area))
+            .collect()
+    };
+    let (method, baseline) = (area(&study.method), area(&study.baseline));
+    method
+        .iter()
+        .filter_map(|(s, m)| Some(m - baseline.get(s)?))
+        .collect()
+}
+
 /// The mean method-minus-baseline area difference of each level of
 /// `factor`, averaged over seeds and the other factors' levels: a factor's
 /// main-effect table.
@@ -272,20 +288,10 @@ pub fn gain_by_level(
 ) -> Vec<(String, f64, usize)> {
     let mut by_level: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for c in cells {
-        let Some(level) = c.cell.levels.get(factor) else {
-            continue;
-        };
-        let area = |arm: &str| -> BTreeMap<u64, f64> {
-            rows.iter()
-                .filter(|r| r.cell == c.cell.name && r.arm == arm)
-                .map(|r| (r.seed, r.area))
-                .collect()
-        };
-        let (method, baseline) = (area(&study.method), area(&study.baseline));
-        let gains = method
-            .iter()
-            .filter_map(|(s, m)| Some(m - baseline.get(s)?));
-        by_level.entry(level.clone()).or_default().extend(gains);
+        if let Some(level) = c.cell.levels.get(factor) {
+            let gains = cell_gains(rows, &c.cell.name, study);
+            by_level.entry(level.clone()).or_default().extend(gains);
+        }
     }
     by_level
         .into_iter()

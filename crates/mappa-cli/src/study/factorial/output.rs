@@ -6,7 +6,6 @@
 //! `recompute.py` (recomputes every p-value from those two files with the
 //! Python standard library only) and `summary.json`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -18,8 +17,8 @@ use super::super::render::{describe_coach, pct, registration_text};
 use super::super::summarise::StepTally;
 use super::super::verdict::{ALPHA, ENDPOINT};
 use super::super::Profile;
-use super::analysis::{contrasts, gain_by_level, rows, ContrastResult, SeedRow};
-use super::design::CellArms;
+use super::analysis::{cell_gains, contrasts, gain_by_level, rows, ContrastResult, SeedRow};
+use super::design::{CellArms, CSV_COLUMNS};
 use super::Ran;
 use crate::plot::{chart_over, Point, Series, Style};
 use crate::report::RunData;
@@ -124,15 +123,9 @@ fn write_csv(path: &Path, rows: &[SeedRow], data: &FactorialData) -> anyhow::Res
         .map(|f| f.name.as_str())
         .collect();
     let mut out = csv::Writer::from_writer(Vec::new());
-    let mut header = vec!["seed", "cell"];
-    header.extend(&factors);
-    header.extend([
-        "arm",
-        "warm_start",
-        "start_accuracy",
-        "area",
-        "final_accuracy",
-    ]);
+    // CSV_COLUMNS's seed and cell, the factors, then the rest of them.
+    let (key, values) = CSV_COLUMNS.split_at(2);
+    let header: Vec<&str> = [key, &factors, values].concat();
     out.write_record(&header).map_err(err)?;
     for row in rows {
         let cell = data
@@ -255,14 +248,7 @@ fn factor_section(data: &FactorialData, rows: &[SeedRow]) -> String {
 
 /// The mean gain of the cell with these levels, over seeds.
 fn cell_gain(rows: &[SeedRow], cell: &str, study: &Study) -> Option<(f64, f64)> {
-    let area = |arm: &str| -> BTreeMap<u64, f64> {
-        rows.iter()
-            .filter(|r| r.cell == cell && r.arm == arm)
-            .map(|r| (r.seed, r.area))
-            .collect()
-    };
-    let (m, b) = (area(&study.method), area(&study.baseline));
-    let gains: Vec<f64> = m.iter().filter_map(|(s, v)| Some(v - b.get(s)?)).collect();
+    let gains = cell_gains(rows, cell, study);
     (!gains.is_empty()).then(|| mappa_core::stats::mean_sample_std(&gains))
 }
 
@@ -409,7 +395,10 @@ fn coach_section(data: &FactorialData) -> String {
     md
 }
 
-/// For each cell with coach arms: the first role's coach accuracy under
+/// The role whose coach accuracy the coach arms are matched on.
+const SOLVER: &str = "problem_solver";
+
+/// For each cell with coach arms: the Problem Solver's coach accuracy under
 /// each coach arm against the method arm's (a coach arm meant to be as
 /// accurate as the manifest's coach should be within 2 points).
 fn coach_arms_matched(data: &FactorialData) -> String {
@@ -422,25 +411,15 @@ fn coach_arms_matched(data: &FactorialData) -> String {
     {
         let accuracy = |a: usize| {
             let stats = StepTally::of(runs_of(data.ran, c, a));
-            let first = cell.arms[a]
-                .1
-                .models
-                .keys()
-                .next()
-                .cloned()
-                .unwrap_or_default();
-            let role = ["problem_solver", first.as_str()]
-                .into_iter()
-                .find(|r| stats.errors.contains_key(*r));
-            role.and_then(|r| Some((r.to_string(), stats.errors[r].coach_accuracy()?)))
+            stats.errors.get(SOLVER)?.coach_accuracy()
         };
-        let Some((role, method)) = accuracy(0) else {
+        let Some(method) = accuracy(0) else {
             continue;
         };
         for a in 2..cell.arms.len() {
-            if let Some((_, other)) = accuracy(a) {
+            if let Some(other) = accuracy(a) {
                 md.push_str(&format!(
-                    "In cell {}, the {role}'s coach accuracy under `{}` is {} against {} under the manifest's coach: {:+.1} points{}.\n\n",
+                    "In cell {}, the {SOLVER}'s coach accuracy under `{}` is {} against {} under the manifest's coach: {:+.1} points{}.\n\n",
                     cell.cell.name,
                     cell.arms[a].0.label,
                     pct(other),
