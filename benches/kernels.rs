@@ -6,7 +6,7 @@
 //! packs each weight for such a product). `just bench-kernels` runs it.
 
 // `criterion_group!` defines a public function without docs.
-#![allow(missing_docs)]
+#![allow(missing_docs)] // criterion's macros generate undocumented items
 
 use burn::prelude::*;
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -3,7 +3,7 @@
 //! backend (`flex`). Throughput is reported in tokens.
 
 // `criterion_group!` defines a public function without docs.
-#![allow(missing_docs)]
+#![allow(missing_docs)] // criterion's macros generate undocumented items
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mappa_benches::*;

@@ -35,7 +35,8 @@ use burn::backend::Autodiff;
 use mappa_judge::cache::CacheMode;
 use mappa_judge::config::Judge;
 use mappa_tests::{fake_judge_config, fake_judge_reply, fixtures};
-use mappa_train::manifest::{lock, Manifest};
+use mappa_train::lock::Lock;
+use mappa_train::manifest::Manifest;
 use mappa_train::run::{run, RunOptions};
 use serde_json::Value;
 
@@ -201,7 +202,8 @@ fn tiny_run_is_deterministic_and_pinned() {
     let repo = root().display().to_string();
     let metrics: Vec<Value> = metrics.into_iter().map(|m| stable(m, &repo)).collect();
     let summaries: Vec<String> = trajectories.iter().map(|t| summary(t, &repo)).collect();
-    let mut lock = lock(&manifest, manifest.resolve().unwrap(), &root());
+    let lock = Lock::new(&manifest, manifest.resolve().unwrap(), &root());
+    let mut lock = serde_json::to_value(lock).unwrap();
     let object = lock.as_object_mut().unwrap();
     object.remove("code");
     object.remove("machine");

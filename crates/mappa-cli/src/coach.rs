@@ -4,7 +4,7 @@
 //! training pipelines; use it to try a rubric or a coach model without
 //! training. A summary (scores, fallbacks per role, tokens, cost) goes to
 //! stderr, and with `--report` to a JSON file. Input and output formats,
-//! and the configuration: README.md ("The coach").
+//! and the configuration: docs/coach.md.
 
 use anyhow::anyhow;
 use std::io::{BufRead, BufReader, Write};
@@ -26,7 +26,7 @@ pub enum CoachCommand {
 /// Arguments of `mappa coach score`.
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
-    /// The coach configuration (TOML; schema in README.md, "The coach").
+    /// The coach configuration (TOML; schema in docs/coach.md).
     #[arg(long)]
     config: PathBuf,
     /// Use the cache this way instead of the configuration's `cache_mode`

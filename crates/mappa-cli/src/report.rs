@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use mappa_train::lock::Lock;
 use mappa_train::records::{read_jsonl, EvalLine, MetricsLine, TrainLine, TrajectoryLine};
 use mappa_train::StepMetrics;
-use serde_json::Value;
 
 use crate::plot::{chart, Point, Series, Style};
 
@@ -40,7 +40,7 @@ pub struct RunData {
     /// A label: name, credit strategy, seed.
     pub label: String,
     /// The lock file.
-    pub lock: Value,
+    pub lock: Lock,
     /// Every line of metrics.jsonl.
     pub metrics: Vec<MetricsLine>,
 }
@@ -73,14 +73,9 @@ impl RunData {
 
 /// Read a run directory.
 pub fn load_run(dir: &Path) -> anyhow::Result<RunData> {
-    let lock_path = dir.join("manifest.lock.json");
-    let lock: Value = serde_json::from_str(
-        &std::fs::read_to_string(&lock_path)
-            .map_err(|e| anyhow!("{}: {e} (is it a run directory?)", lock_path.display()))?,
-    )
-    .map_err(|e| anyhow!("{}: {e}", lock_path.display()))?;
+    let lock = Lock::read(dir)?;
     let metrics = read_jsonl(&dir.join("metrics.jsonl"))?;
-    let m = &lock["manifest"];
+    let m = &lock.manifest;
     let label = format!(
         "{} [{} / {}, seed {}]",
         m["name"].as_str().unwrap_or("?"),
@@ -167,8 +162,8 @@ pub fn write_report(runs: &[RunData], out: &Path, repo: &Path) -> anyhow::Result
         ));
     }
     if runs.iter().any(|r| {
-        r.lock["manifest"]["coach"]["domain"] == "mathchat"
-            && r.lock["manifest"]["data"]["kind"] == "math_file"
+        r.lock.manifest["coach"]["domain"] == "mathchat"
+            && r.lock.manifest["data"]["kind"] == "math_file"
     }) {
         let paper = paper_lines(repo);
         if !paper.is_empty() {

@@ -127,7 +127,7 @@ fn missing(manifest: &Manifest) -> Vec<(String, String)> {
         if let Err(why) = mappa_train::engine::probe(engine) {
             out.push((
                 format!("the inference engine of [rollout.engine] ({why})"),
-                "start it: the vLLM command line in the README, or `mappa serve MODEL_DIR --port N` on the CPU".into(),
+                "start it: the vLLM command line in docs/engines.md, or `mappa serve MODEL_DIR --port N` on the CPU".into(),
             ));
         }
     }

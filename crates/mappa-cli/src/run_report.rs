@@ -61,19 +61,9 @@ pub fn write(run_dir: &Path, last_role: &str, coach_note: Option<&str>) -> anyho
     } else {
         Vec::new()
     };
-    let lock: Option<serde_json::Value> =
-        std::fs::read_to_string(run_dir.join("manifest.lock.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok());
     // The engine the run started with, then any it was resumed with.
-    let served: Vec<mappa_train::engine::Served> = lock
-        .iter()
-        .flat_map(|l| {
-            let resumed = l["engine_resumed"].as_array().cloned().unwrap_or_default();
-            l.get("engine").cloned().into_iter().chain(resumed)
-        })
-        .filter_map(|e| serde_json::from_value(e).ok())
-        .collect();
+    let lock = mappa_train::lock::Lock::read(run_dir).ok();
+    let served: Vec<&mappa_train::engine::Served> = lock.iter().flat_map(|l| l.engines()).collect();
     let mut text = render(
         run_dir,
         last_role,

@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail};
-use mappa_train::manifest::{lock, results_relevant, run_id, BackendKind, Manifest};
+use mappa_train::lock::{Lock, LOCK_FILE};
+use mappa_train::manifest::{BackendKind, Manifest};
 use mappa_train::run::{run, RunEnd, RunOptions};
-use serde_json::Value;
 
 /// Evaluates `$body` with `$B` naming the autodiff backend of `$kind` (a
 /// [`BackendKind`]), or returns an error for a backend this binary was
@@ -29,7 +29,7 @@ macro_rules! on_backend {
                 type $B = burn::backend::Autodiff<mappa_model::backend::Cuda>;
                 $body
             }
-            #[allow(unreachable_patterns)]
+            #[allow(unreachable_patterns)] // reached in builds without every GPU feature
             other => anyhow::bail!(
                 "backend {} is not built into this binary",
                 $crate::rundir::feature_name(other)
@@ -105,11 +105,11 @@ pub fn feature_name(kind: BackendKind) -> &'static str {
 /// The manifest's lock (resolved hashes, code version, machine) and run id.
 /// The code version is that of the repository holding the manifest's
 /// workflow, wherever mappa is run from.
-pub fn lock_and_id(manifest: &Manifest) -> anyhow::Result<(Value, String)> {
+pub fn lock_and_id(manifest: &Manifest) -> anyhow::Result<(Lock, String)> {
     let resolved = manifest.resolve()?;
     let source = manifest.workflow.parent().unwrap_or(Path::new("."));
-    let lock = lock(manifest, resolved, source);
-    let id = run_id(&lock);
+    let lock = Lock::new(manifest, resolved, source);
+    let id = lock.run_id();
     Ok((lock, id))
 }
 
@@ -117,11 +117,11 @@ pub fn lock_and_id(manifest: &Manifest) -> anyhow::Result<(Value, String)> {
 /// the server, its version, the base model, the contract), recorded in the
 /// lock as `engine`, outside the run id as the machine is. Asked before
 /// anything is written; printed.
-fn note_engine(manifest: &Manifest, lock: &mut Value) -> anyhow::Result<()> {
+fn note_engine(manifest: &Manifest, lock: &mut Lock) -> anyhow::Result<()> {
     if let Some(spec) = &manifest.rollout.engine {
         let served = mappa_train::engine::identify(spec)?;
         eprintln!("engine at {}: {served}", spec.url);
-        lock["engine"] = serde_json::to_value(&served)?;
+        lock.engine = Some(served);
     }
     Ok(())
 }
@@ -129,30 +129,21 @@ fn note_engine(manifest: &Manifest, lock: &mut Value) -> anyhow::Result<()> {
 /// On resuming with an engine other than the one the run last had: a
 /// warning, and the new one appended to the lock's `engine_resumed` (the
 /// report names each).
-fn note_resumed_engine(dir: &Path, mut old: Value, lock: &Value) -> anyhow::Result<()> {
-    let Some(now) = lock.get("engine") else {
+fn note_resumed_engine(dir: &Path, mut old: Lock, lock: &Lock) -> anyhow::Result<()> {
+    let Some(now) = &lock.engine else {
         return Ok(());
     };
-    let before = old["engine_resumed"]
-        .as_array()
-        .and_then(|a| a.last())
-        .or(old.get("engine"))
-        .cloned()
-        .unwrap_or(Value::Null);
-    if &before == now {
+    let before = old.engines().last().cloned();
+    if before.as_ref() == Some(now) {
         return Ok(());
     }
+    let before = before.map_or_else(|| "none".to_string(), |b| b.to_string());
     eprintln!(
         "warning: this run was started with another engine serving ({before}); now {now}: \
          its completions may differ from an uninterrupted run's"
     );
-    let mut resumed = old["engine_resumed"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    resumed.push(now.clone());
-    old["engine_resumed"] = Value::Array(resumed);
-    write_lock(dir, &old)
+    old.engine_resumed.push(now.clone());
+    Ok(old.write(dir)?)
 }
 
 /// Resolve, lock, and choose the run directory: `runs_dir/<name>-<id>`, or
@@ -165,25 +156,15 @@ pub fn prepare(
     let (mut lock, id) = lock_and_id(manifest)?;
     note_engine(manifest, &mut lock)?;
     if let Some(dir) = resume {
-        let old: Value = std::fs::read_to_string(dir.join("manifest.lock.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .ok_or_else(|| {
-                anyhow!(
-                    "{}: no readable manifest.lock.json: is it a run directory?",
-                    dir.display()
-                )
-            })?;
-        if results_relevant(&old["manifest"]) != results_relevant(&lock["manifest"])
-            || old["resolved"] != lock["resolved"]
-        {
+        let old = Lock::read(dir)?;
+        if !old.resumes_as(&lock) {
             bail!(
                 "{}: the manifest or its files changed since the run started; start a new run instead",
                 dir.display()
             );
         }
         if let Some(warning) =
-            mappa_train::machine::warning("this run was started", &old["machine"], &lock["machine"])
+            mappa_train::machine::warning("this run was started", &old.machine, &lock.machine)
         {
             eprintln!("{warning}");
         }
@@ -191,13 +172,13 @@ pub fn prepare(
         return Ok(dir.to_path_buf());
     }
     let dir = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
-    write_lock(&dir, &lock)?;
+    lock.write(&dir)?;
     Ok(dir)
 }
 
 /// Resolve and lock into `dir`, a new run directory chosen by the caller.
 pub fn prepare_in(manifest: &Manifest, dir: &Path) -> anyhow::Result<PathBuf> {
-    if dir.join("manifest.lock.json").exists() {
+    if dir.join(LOCK_FILE).exists() {
         bail!(
             "{}: already a run directory; continue it with --resume",
             dir.display()
@@ -205,15 +186,8 @@ pub fn prepare_in(manifest: &Manifest, dir: &Path) -> anyhow::Result<PathBuf> {
     }
     let (mut lock, _) = lock_and_id(manifest)?;
     note_engine(manifest, &mut lock)?;
-    write_lock(dir, &lock)?;
+    lock.write(dir)?;
     Ok(dir.to_path_buf())
-}
-
-fn write_lock(dir: &Path, lock: &Value) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
-    let text = serde_json::to_string_pretty(lock)?;
-    mappa_core::fs::write_atomic(&dir.join("manifest.lock.json"), text.as_bytes())?;
-    Ok(())
 }
 
 /// The manifest's memory plan (`mappa_train::memory`) for `workflow`'s

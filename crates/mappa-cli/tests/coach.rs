@@ -1,6 +1,6 @@
 //! `mappa coach score` as a new user runs it: against a local
 //! OpenAI-compatible server, with a scripted coach, and with a local
-//! checkpoint as judge; and the README's coach section, run as written.
+//! checkpoint as judge; and the coach's page, `docs/coach.md`, run as written.
 
 use std::path::Path;
 use std::process::Command;
@@ -326,15 +326,12 @@ fn an_unreachable_coach_stops_and_is_asked_again_later() {
     assert_eq!(rows(&out.stdout)[1]["score"]["score"], 9.0);
 }
 
-/// The README's coach section: its configuration example parses with every
-/// `[settings]` key at its default, the example files load, and the scripted
-/// example prints what the README shows.
+/// The coach's page, `docs/coach.md`: its configuration example parses with
+/// every `[settings]` key at its default, the example files load, and the
+/// scripted example prints what the page shows.
 #[test]
-fn the_readme_coach_section_is_true() {
-    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
-    let start = readme.find("## The coach").expect("a coach section");
-    let section = &readme[start..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+fn the_coach_docs_are_true() {
+    let section = std::fs::read_to_string(workspace().join("docs/coach.md")).unwrap();
     let toml_block = section
         .split("```toml\n")
         .nth(1)
@@ -344,7 +341,7 @@ fn the_readme_coach_section_is_true() {
     assert_eq!(
         config.settings,
         mappa_judge::llm::LlmSettings::default(),
-        "the README shows the defaults"
+        "docs/coach.md shows the defaults"
     );
     for settings_key in [
         "coach_sees_ground_truth",
@@ -376,13 +373,13 @@ fn the_readme_coach_section_is_true() {
     let shown = section
         .lines()
         .find(|l| l.starts_with("{\"id\":\"t1/problem_solver/0\""))
-        .expect("an output line in the README");
+        .expect("an output line in docs/coach.md");
     let prefix = &shown[..shown.find("\"raw_response\"").unwrap()];
     assert!(
         first.starts_with(prefix),
-        "README: {shown}\nactual: {first}"
+        "docs/coach.md: {shown}\nactual: {first}"
     );
     for line in String::from_utf8_lossy(&out.stderr).lines() {
-        assert!(section.contains(line), "{line:?} is not in the README");
+        assert!(section.contains(line), "{line:?} is not in docs/coach.md");
     }
 }

@@ -1,5 +1,5 @@
 //! A coach configuration (a `COACH.toml` file, or a manifest's `[coach]`;
-//! its schema for users: README.md, "The coach"): which coach, its rubric, cache and
+//! its schema for users: docs/coach.md): which coach, its rubric, cache and
 //! settings. API keys are named (`api_key_env`), never written here.
 //!
 //! ```toml

@@ -16,7 +16,7 @@
 //! - [`cache`]: the SQLite record/replay cache.
 //! - `testing` (feature `testing`): a local OpenAI-compatible server for tests.
 //! - [`config`]: the coach configuration (a `COACH.toml` for `mappa coach
-//!   score`, or a manifest's `[coach]`; README.md, "The coach").
+//!   score`, or a manifest's `[coach]`; docs/coach.md).
 
 #![warn(missing_docs)]
 

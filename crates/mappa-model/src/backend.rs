@@ -4,7 +4,7 @@
 //! of these aliases at the edge.
 
 /// The default CPU backend: burn's pure-Rust `flex` backend (chosen over
-/// `ndarray` by measurement; see the README).
+/// `ndarray` by measurement; docs/experiments/speed.md).
 pub type Cpu = burn::backend::Flex;
 
 /// [`Cpu`] with automatic differentiation, for training.

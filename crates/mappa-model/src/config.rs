@@ -173,7 +173,7 @@ pub struct TransformerConfig {
 impl TransformerConfig {
     /// A config with the family's usual flags (QK-norm for Qwen3, QKV bias
     /// for Qwen2), RoPE theta 10000 and no scaling, for tests and benches.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)] // one per dimension of the model, named as in config.json
     pub fn for_family(
         family: Family,
         vocab_size: usize,

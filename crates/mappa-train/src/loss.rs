@@ -19,6 +19,20 @@ pub struct LossConfig {
     pub kl_in_loss: Option<(f64, KlEstimator)>,
 }
 
+impl Default for LossConfig {
+    /// PPO's clip of 0.2 on both sides, no dual clip, no KL term in the
+    /// loss: what the default [`crate::TrainConfig`] and credit settings
+    /// give ([`crate::loss_config`]).
+    fn default() -> Self {
+        Self {
+            clip_low: 0.2,
+            clip_high: 0.2,
+            dual_clip: None,
+            kl_in_loss: None,
+        }
+    }
+}
+
 /// Per-token inputs of the loss.
 ///
 /// # Shapes
@@ -116,13 +130,13 @@ mod tests {
         )
     }
 
-    fn config() -> LossConfig {
-        LossConfig {
-            clip_low: 0.2,
-            clip_high: 0.2,
-            dual_clip: None,
-            kl_in_loss: None,
-        }
+    #[test]
+    fn the_default_is_what_the_default_settings_give() {
+        let from_settings = crate::loss_config(
+            &crate::TrainConfig::default(),
+            &mappa_credit::CreditConfig::default(),
+        );
+        assert_eq!(LossConfig::default(), from_settings);
     }
 
     fn inputs(logp: f32, old: f32, adv: f32) -> LossInputs<B> {
@@ -141,7 +155,7 @@ mod tests {
 
     #[test]
     fn ratio_one_gives_minus_the_mean_advantage_and_masks_apply() {
-        let out = ppo_clip_loss(inputs(-0.5, -0.5, 2.0), &config(), 1.0);
+        let out = ppo_clip_loss(inputs(-0.5, -0.5, 2.0), &LossConfig::default(), 1.0);
         assert!((value(&out) + 2.0).abs() < 1e-6, "{}", value(&out));
         assert_eq!(out.clipped_tokens, 0.0);
     }
@@ -149,7 +163,7 @@ mod tests {
     #[test]
     fn clipping_caps_the_gain_of_positive_advantages() {
         // rho = e^0.5 > 1.2, A > 0: the objective is 1.2 * A.
-        let out = ppo_clip_loss(inputs(0.0, -0.5, 1.0), &config(), 1.0);
+        let out = ppo_clip_loss(inputs(0.0, -0.5, 1.0), &LossConfig::default(), 1.0);
         assert!((value(&out) + 1.2).abs() < 1e-6, "{}", value(&out));
         assert_eq!(out.clipped_tokens, 1.0);
     }
@@ -157,13 +171,13 @@ mod tests {
     #[test]
     fn dual_clip_bounds_negative_advantages() {
         // rho = e^2, A = -1: plain PPO gives -e^2; the dual clip with c = 3 gives -3.
-        let plain = ppo_clip_loss(inputs(0.0, -2.0, -1.0), &config(), 1.0);
+        let plain = ppo_clip_loss(inputs(0.0, -2.0, -1.0), &LossConfig::default(), 1.0);
         assert!((value(&plain) - (2.0f64).exp()).abs() < 1e-4);
         let dual = ppo_clip_loss(
             inputs(0.0, -2.0, -1.0),
             &LossConfig {
                 dual_clip: Some(3.0),
-                ..config()
+                ..LossConfig::default()
             },
             1.0,
         );
@@ -178,7 +192,7 @@ mod tests {
             i,
             &LossConfig {
                 kl_in_loss: Some((0.1, KlEstimator::K1)),
-                ..config()
+                ..LossConfig::default()
             },
             1.0,
         );

@@ -36,15 +36,16 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use mappa_core::hash::{sha256_file, sha256_hex};
 use mappa_credit::CreditConfig;
 use mappa_judge::config::CoachConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 pub use crate::engine::EngineSpec;
+use crate::files::{check_file, path_err, rebase};
+pub use crate::files::{weights_sha256, FileRef};
 pub use crate::policy::RequestSeeds;
-pub use crate::tasks::DataSpec;
+pub use crate::tasks::{DataSpec, WarmStart};
 use crate::{TrainConfig, TrainError};
 
 /// The compute backend of a run.
@@ -58,56 +59,6 @@ pub enum BackendKind {
     Wgpu,
     /// CUDA: the primary GPU backend.
     Cuda,
-}
-
-/// A supervised warm start before RL: demonstrations from a scripted
-/// teacher that makes mistakes at a set rate per role, so that the starting
-/// system is imperfect in known ways. The tuned models are cached by a hash
-/// of everything they depend on.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WarmStart {
-    /// The teacher: `arith` (plan -> program -> boxed answer, for the arith workflow).
-    pub teacher: String,
-    /// Demonstrations per role (training problems, cycled).
-    pub demonstrations: usize,
-    /// Probability that the teacher's action of a role is wrong.
-    #[serde(default)]
-    pub error_rates: BTreeMap<String, f64>,
-    /// What a wrong action looks like (`digit` by default).
-    #[serde(default)]
-    pub slips: SlipKind,
-    /// How much a role's error rate grows with the difficulty of the plan
-    /// it writes or relays ([`mappa_env::slips::difficulty`], arith teacher
-    /// only): the rate on a plan of difficulty `d` is `rate * (1 + w) *
-    /// d^w`, clamped to [0, 1] ([`mappa_env::slips::slip_probability`]); a
-    /// relayed value keeps `rate`. 0 (the default): the same rate on every
-    /// instance.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub difficulty_weight: f64,
-    /// Supervised settings.
-    #[serde(default)]
-    pub sft: crate::sft::SftConfig,
-}
-
-/// The kind of mistake the warm-start teacher makes at its error rates.
-pub use mappa_env::slips::SlipKind;
-
-/// For `skip_serializing_if`: a setting at its default of 0 stays out of
-/// the manifest's serialised form (and so out of its hash).
-fn is_zero(x: &f64) -> bool {
-    *x == 0.0
-}
-
-/// A file with its expected hash.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileRef {
-    /// The path.
-    pub path: PathBuf,
-    /// Its expected sha256.
-    #[serde(default)]
-    pub sha256: Option<String>,
 }
 
 /// A base model: a HF checkpoint directory.
@@ -559,86 +510,12 @@ impl Manifest {
     }
 }
 
-/// `a/b/../c` -> `a/c`, without touching the file system.
-/// Make a relative `path` relative to `base` (a manifest's directory).
-pub(crate) fn rebase(path: &mut PathBuf, base: &Path) {
-    if path.is_relative() {
-        *path = tidy(&base.join(&*path));
-    }
-}
-
-fn tidy(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for part in path.components() {
-        match part {
-            std::path::Component::ParentDir
-                if matches!(
-                    out.components().next_back(),
-                    Some(std::path::Component::Normal(_))
-                ) =>
-            {
-                out.pop();
-            }
-            std::path::Component::CurDir => {}
-            other => out.push(other),
-        }
-    }
-    out
-}
-
-/// Check that `path` exists and has the `expected` sha256 (a directory: its
-/// safetensors files, see [`weights_sha256`]); returns the hash found.
-pub(crate) fn check_file(
-    path: &Path,
-    expected: &Option<String>,
-    what: &str,
-) -> Result<String, TrainError> {
-    if !path.exists() {
-        return Err(manifest_err(path, format!("{what} does not exist")));
-    }
-    let found = if path.is_dir() {
-        weights_sha256(path)?
-    } else {
-        sha256_file(path).map_err(|e| manifest_err(path, e))?
-    };
-    match expected {
-        Some(e) if e != &found => Err(manifest_err(
-            path,
-            format!("{what} has sha256 {found}, the manifest expects {e}"),
-        )),
-        _ => Ok(found),
-    }
-}
-
-fn manifest_err(path: &Path, message: impl std::fmt::Display) -> TrainError {
-    TrainError::Config(format!("{}: {message}", path.display()))
-}
-
-/// sha256 over a checkpoint's safetensors files (their digests, in name order).
-pub fn weights_sha256(dir: &Path) -> Result<String, TrainError> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| manifest_err(dir, e))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        return Err(manifest_err(dir, "no .safetensors files"));
-    }
-    let mut digests = String::new();
-    for f in &files {
-        digests.push_str(&sha256_file(f).map_err(|e| manifest_err(f, e))?);
-    }
-    Ok(sha256_hex(digests.as_bytes()))
-}
-
 impl Manifest {
     /// Read a manifest; relative paths become relative to its directory.
     /// Unknown keys are errors that name them.
     pub fn load(path: &Path) -> Result<Self, TrainError> {
-        let text = std::fs::read_to_string(path).map_err(|e| manifest_err(path, e))?;
-        let mut manifest: Self = toml::from_str(&text).map_err(|e| manifest_err(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|e| path_err(path, e))?;
+        let mut manifest: Self = toml::from_str(&text).map_err(|e| path_err(path, e))?;
         let base = path.parent().unwrap_or(Path::new("."));
         rebase(&mut manifest.workflow, base);
         manifest.data.family_mut().rebase(base);
@@ -650,7 +527,7 @@ impl Manifest {
         });
         manifest.coach.rebase(base);
         manifest.train.total_steps = manifest.rollout.steps.max(1);
-        manifest.validate().map_err(|e| manifest_err(path, e))?;
+        manifest.validate().map_err(|e| path_err(path, e))?;
         Ok(manifest)
     }
 
@@ -921,55 +798,6 @@ fn dir_name(path: &Path) -> String {
     )
 }
 
-/// The code version: git commit and whether the tree is dirty (when in a git checkout).
-fn code_version(dir: &Path) -> Value {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match git(&["rev-parse", "HEAD"]) {
-        Some(commit) => {
-            json!({ "git_commit": commit, "dirty": git(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty()) })
-        }
-        None => json!({ "git_commit": null, "dirty": null }),
-    }
-}
-
-/// The lock file's content: the manifest as resolved, the resolved hashes,
-/// the code version, crate versions and the machine ([`crate::machine::record`]).
-pub fn lock(manifest: &Manifest, resolved: Value, source_dir: &Path) -> Value {
-    json!({
-        "manifest": manifest,
-        "resolved": resolved,
-        "code": code_version(source_dir),
-        "crates": { "mappa": env!("CARGO_PKG_VERSION"), "burn": "0.21.0" },
-        "summation_order": mappa_model::kernels::SUMMATION_ORDER,
-        "machine": crate::machine::record(),
-    })
-}
-
-/// The run id: the sha256 of the lock's canonical JSON without the machine
-/// record, the engine's (what served it, [`crate::engine::Served`]) and the
-/// manifest's plan-only keys ([`results_relevant`]), so that the same
-/// experiment has the same id on every machine.
-pub fn run_id(lock: &Value) -> String {
-    let mut lock = lock.clone();
-    if let Some(object) = lock.as_object_mut() {
-        object.remove("machine");
-        object.remove("engine");
-        object.remove("engine_resumed");
-        if let Some(manifest) = object.get_mut("manifest") {
-            *manifest = results_relevant(manifest);
-        }
-    }
-    sha256_hex(lock.to_string().as_bytes())
-}
-
 /// A locked manifest without the keys that only feed the memory plan
 /// (`devices`, except how many devices each data-parallel agent's update
 /// spans; `rollout.max_prompt_tokens`, `models.*.plan_config`), reach
@@ -1028,14 +856,15 @@ mod tests {
 
     #[test]
     fn only_the_width_of_data_parallel_updates_is_results_relevant() {
-        let lock = |devices: Value| json!({"manifest": {"seed": 1, "devices": devices}});
-        let plain = json!({"manifest": {"seed": 1}});
-        let placed = lock(json!({"memory_gib": 80.0, "count": 2, "agents": {"solver": [1]}}));
-        let wide = lock(json!({"memory_gib": 80.0, "count": 2, "agents": {"solver": [0, 1]}}));
-        let elsewhere = lock(json!({"memory_gib": 40.0, "count": 4, "agents": {"solver": [2, 3]}}));
-        assert_eq!(run_id(&plain), run_id(&placed));
-        assert_ne!(run_id(&plain), run_id(&wide));
-        assert_eq!(run_id(&wide), run_id(&elsewhere));
+        let manifest = |devices: Value| results_relevant(&json!({"seed": 1, "devices": devices}));
+        let plain = results_relevant(&json!({"seed": 1}));
+        let placed = manifest(json!({"memory_gib": 80.0, "count": 2, "agents": {"solver": [1]}}));
+        let wide = manifest(json!({"memory_gib": 80.0, "count": 2, "agents": {"solver": [0, 1]}}));
+        let elsewhere =
+            manifest(json!({"memory_gib": 40.0, "count": 4, "agents": {"solver": [2, 3]}}));
+        assert_eq!(plain, placed);
+        assert_ne!(plain, wide);
+        assert_eq!(wide, elsewhere);
     }
 
     #[test]

@@ -139,15 +139,6 @@ mod tests {
         visitor.0
     }
 
-    fn tensor_bits<B: Backend>(x: Tensor<B, 2>) -> Vec<u32> {
-        x.into_data()
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    }
-
     /// Four updates of a model with each optimiser, weight decay on and
     /// off: the parameters are the same bits as burn's `AdamW`'s.
     #[test]
@@ -214,8 +205,8 @@ mod tests {
             );
             for (x, y) in fused.into_iter().zip(generic) {
                 assert_eq!(
-                    tensor_bits(x),
-                    tensor_bits(y.inner()),
+                    mappa_model::kernels::bits(x),
+                    mappa_model::kernels::bits(y.inner()),
                     "time {time}, decay {weight_decay}"
                 );
             }

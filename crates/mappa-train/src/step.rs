@@ -88,7 +88,7 @@ fn rewards<'r, 'a>(
 
 /// Per-token log-probs of every action under its agent's policy and
 /// reference, one batch per agent.
-#[allow(clippy::type_complexity)]
+#[allow(clippy::type_complexity)] // two lists of per-action log-probs: policy, reference
 fn logprobs<B: AutodiffModelBackend>(
     learners: &[AgentLearner<B>],
     flat: &[Rewarded<'_, '_>],
@@ -119,12 +119,42 @@ fn logprobs<B: AutodiffModelBackend>(
     Ok((old, reference))
 }
 
+/// What credit assignment gave one action.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ActionCredit {
+    /// Its reward.
+    pub reward: f64,
+    /// Its mean advantage over valid tokens (0 when none is valid).
+    pub advantage_mean: f64,
+}
+
+impl ActionCredit {
+    /// The credit of a sample: its reward and the mean of its advantages
+    /// where `mask` holds.
+    fn of(reward: f64, advantages: &[f32], mask: &[bool]) -> Self {
+        let valid: Vec<f64> = advantages
+            .iter()
+            .zip(mask)
+            .filter(|(_, m)| **m)
+            .map(|(x, _)| *x as f64)
+            .collect();
+        Self {
+            reward,
+            advantage_mean: valid.iter().sum::<f64>() / valid.len().max(1) as f64,
+        }
+    }
+}
+
 /// A step's training samples, one list per learner (indexed like the
-/// learners), and its normalisation sets whose rewards were all equal.
+/// learners), each action's credit, and its normalisation sets whose
+/// rewards were all equal.
 #[derive(Debug, Clone)]
 pub struct CreditedStep {
     /// Each learner's samples.
     pub samples: Vec<Vec<TrainSample>>,
+    /// Each trajectory's credit, one entry per action in action order
+    /// (indexed like the trajectories given to [`build_samples`]).
+    pub credit: Vec<Vec<ActionCredit>>,
     /// The normalisation sets with a valid token, and how many of them had
     /// equal rewards (`[credit] uniform`).
     pub uniform_sets: UniformSetsLine,
@@ -170,24 +200,33 @@ pub fn build_samples<B: AutodiffModelBackend>(
     };
     let advantages = normalised.advantages;
     let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
+    let mut flat_credit = Vec::with_capacity(flat.len());
     for ((((action, _, reward), mask), advantages), (old, reference)) in flat
         .into_iter()
         .zip(masks)
         .zip(advantages)
         .zip(old.into_iter().zip(reference))
     {
+        let advantages: Vec<f32> = advantages.iter().map(|&a| a as f32).collect();
+        flat_credit.push(ActionCredit::of(reward, &advantages, &mask));
         per_agent[action.agent].push(TrainSample {
             prompt: action.prompt.to_vec(),
             completion: action.completion.to_vec(),
             old_logprobs: old,
             ref_logprobs: reference,
-            advantages: advantages.iter().map(|&a| a as f32).collect(),
+            advantages,
             mask,
             reward,
         });
     }
+    let mut flat_credit = flat_credit.into_iter();
+    let credit = trajectories
+        .iter()
+        .map(|t| flat_credit.by_ref().take(t.actions.len()).collect())
+        .collect();
     Ok(CreditedStep {
         samples: per_agent,
+        credit,
         uniform_sets,
     })
 }

@@ -64,7 +64,7 @@ fn manifest_accepts(kind: EngineKind, temperature: f64, eval: f64, top_p: f64, m
 /// the gate covers every value a body takes from the manifest (both
 /// temperatures, top-p, the token limit); seeds, prompts and stop ids are
 /// not gated, and are checked here alone.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // one argument per value a proptest case draws
 fn check_run_requests(
     kind: EngineKind,
     temperature: f64,

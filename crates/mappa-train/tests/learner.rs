@@ -27,15 +27,6 @@ fn model() -> Transformer<B> {
     load_transformer::<B>(&model_dir(), &Default::default()).unwrap()
 }
 
-fn loss_config() -> LossConfig {
-    LossConfig {
-        clip_low: 0.2,
-        clip_high: 0.2,
-        dual_clip: None,
-        kl_in_loss: None,
-    }
-}
-
 fn tokens(rng: &mut RngStream, n: usize) -> Vec<u32> {
     (0..n).map(|_| 10 + rng.below(300) as u32).collect()
 }
@@ -131,7 +122,7 @@ fn loss_value<Bk: mappa_model::ModelBackend>(
             advantages: grid(&|s, t| s.advantages[t]),
             mask: grid(&|s, t| s.mask[t] as u8 as f32),
         },
-        &loss_config(),
+        &LossConfig::default(),
         tokens as f64,
     );
     let value = out.loss.clone().into_scalar().elem::<f64>();
@@ -204,7 +195,7 @@ fn one_step_raises_positive_and_lowers_negative_advantage_tokens() {
     let mut learner = AgentLearner::new("solver", model(), config(1e-3, 10, 4)).unwrap();
     let batch = samples(&learner, 2, &[1.0, -1.0]);
     let before: Vec<f64> = batch.iter().map(|s| mean_logprob(&learner, s)).collect();
-    let metrics = learner.train_step(&batch, &loss_config()).unwrap();
+    let metrics = learner.train_step(&batch, &LossConfig::default()).unwrap();
     let after: Vec<f64> = batch.iter().map(|s| mean_logprob(&learner, s)).collect();
     assert!(
         after[0] > before[0],
@@ -237,8 +228,8 @@ fn micro_batches_accumulate_to_the_full_batch_update() {
     let mut whole = AgentLearner::new("a", model(), config(1e-3, 10, 4)).unwrap();
     let mut pieces = AgentLearner::new("a", model(), config(1e-3, 10, 1)).unwrap();
     let batch = samples(&whole, 3, &advantages);
-    let m1 = whole.train_step(&batch, &loss_config()).unwrap();
-    let m2 = pieces.train_step(&batch, &loss_config()).unwrap();
+    let m1 = whole.train_step(&batch, &LossConfig::default()).unwrap();
+    let m2 = pieces.train_step(&batch, &LossConfig::default()).unwrap();
     assert!(
         (m1.loss - m2.loss).abs() < 1e-6,
         "{} vs {}",
@@ -275,8 +266,8 @@ fn recomputing_layer_by_layer_takes_the_same_steps_bit_for_bit() {
     let mut layered = AgentLearner::new("solver", model(), recomputing).unwrap();
     for step in 0..2 {
         let batch = samples(&plain, 30 + step, &advantages);
-        let a = plain.train_step(&batch, &loss_config()).unwrap();
-        let b = layered.train_step(&batch, &loss_config()).unwrap();
+        let a = plain.train_step(&batch, &LossConfig::default()).unwrap();
+        let b = layered.train_step(&batch, &LossConfig::default()).unwrap();
         assert_eq!(a, b);
     }
     assert_eq!(hf_tensors(plain.policy()), hf_tensors(layered.policy()));
@@ -309,8 +300,8 @@ fn data_parallel_updates_match_one_device_and_repeat_bit_for_bit() {
     let mut parallel = data_parallel(config(1e-3, 10, 2));
     for step in 0..2 {
         let batch = samples(&single, 40 + step, &advantages);
-        let a = single.train_step(&batch, &loss_config()).unwrap();
-        let b = parallel.train_step(&batch, &loss_config()).unwrap();
+        let a = single.train_step(&batch, &LossConfig::default()).unwrap();
+        let b = parallel.train_step(&batch, &LossConfig::default()).unwrap();
         assert_eq!(a, b, "step {step}");
     }
     assert_eq!(hf_tensors(single.policy()), hf_tensors(parallel.policy()));
@@ -324,9 +315,9 @@ fn data_parallel_updates_match_one_device_and_repeat_bit_for_bit() {
     let mut again = data_parallel(config(1e-3, 10, 1));
     for step in 0..2 {
         let batch = samples(&single, 50 + step, &advantages);
-        let a = single.train_step(&batch, &loss_config()).unwrap();
-        let b = first.train_step(&batch, &loss_config()).unwrap();
-        let c = again.train_step(&batch, &loss_config()).unwrap();
+        let a = single.train_step(&batch, &LossConfig::default()).unwrap();
+        let b = first.train_step(&batch, &LossConfig::default()).unwrap();
+        let c = again.train_step(&batch, &LossConfig::default()).unwrap();
         assert_eq!(b, c, "step {step}: a repeat gives the same metrics");
         assert!((a.loss - b.loss).abs() < 1e-6, "{} vs {}", a.loss, b.loss);
         assert!(
@@ -348,10 +339,12 @@ fn a_failing_data_parallel_worker_fails_the_step_and_the_next_step_runs() {
     let mut batch = samples(&learner, 60, &advantages);
     // Only worker 1's micro-batch is bad: worker 0 must not wait for it.
     batch[1].completion[0] = 1_000_000;
-    let err = learner.train_step(&batch, &loss_config()).unwrap_err();
+    let err = learner
+        .train_step(&batch, &LossConfig::default())
+        .unwrap_err();
     assert!(err.to_string().contains("outside the vocabulary"), "{err}");
     let batch = samples(&learner, 61, &advantages);
-    learner.train_step(&batch, &loss_config()).unwrap();
+    learner.train_step(&batch, &LossConfig::default()).unwrap();
 }
 
 #[test]
@@ -401,7 +394,7 @@ fn truncated_samples_are_masked_out() {
     let mut batch = samples(&learner, 4, &[1.0]);
     batch[0].mask.iter_mut().for_each(|m| *m = false);
     let before = hf_tensors(learner.policy());
-    let metrics = learner.train_step(&batch, &loss_config()).unwrap();
+    let metrics = learner.train_step(&batch, &LossConfig::default()).unwrap();
     assert!(metrics.skipped);
     assert_eq!(
         before,
@@ -413,7 +406,7 @@ fn truncated_samples_are_masked_out() {
 fn run_steps(learner: &mut AgentLearner<B>, from: usize, to: usize) {
     for step in from..to {
         let batch = samples(learner, 100 + step as u64, &[1.0, -0.5, 0.25]);
-        learner.train_step(&batch, &loss_config()).unwrap();
+        learner.train_step(&batch, &LossConfig::default()).unwrap();
     }
 }
 
@@ -636,7 +629,7 @@ fn a_lora_learner_updates_only_its_adapters_against_the_base_as_reference() {
         assert_eq!(s.old_logprobs, s.ref_logprobs);
     }
     let adapters_before = learner.policy().adapter_tensors();
-    let metrics = learner.train_step(&batch, &loss_config()).unwrap();
+    let metrics = learner.train_step(&batch, &LossConfig::default()).unwrap();
     assert!(metrics.grad_norm > 0.0);
     assert_eq!(
         hf_tensors(learner.policy()),

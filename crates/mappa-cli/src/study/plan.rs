@@ -280,7 +280,7 @@ pub(super) fn plan_run(
     let warm_start_done = manifest.warm_start.as_ref().map(|_| {
         mappa_train::warm_start::cache_dir(
             &manifest,
-            &lock["resolved"],
+            &lock.resolved,
             &study_dir.join(".warm-start"),
         )
         .join("done.json")

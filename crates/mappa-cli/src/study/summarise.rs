@@ -104,7 +104,7 @@ pub(super) fn area(curve: &[(f64, f64)]) -> f64 {
 
 /// The seed a run was made with (from its lock file).
 fn run_seed(run: &RunData) -> Option<u64> {
-    run.lock["manifest"]["seed"].as_u64()
+    run.lock.seed()
 }
 
 /// Per agent: (step, value) of the train lines.

@@ -1,7 +1,7 @@
 //! Helpers shared by the command-line tests: the workspace, the `mappa`
 //! binary run from it, and scratch directories the sandbox can reach.
 
-#![allow(dead_code)]
+#![allow(dead_code)] // each test binary uses its own part of these helpers
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

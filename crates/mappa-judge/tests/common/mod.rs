@@ -2,7 +2,7 @@
 //! is chosen by a scenario word in the action's task text, and action
 //! contexts that name those scenarios.
 
-#![allow(dead_code)]
+#![allow(dead_code)] // each test binary uses its own part of these helpers
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

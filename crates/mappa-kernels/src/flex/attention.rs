@@ -21,8 +21,10 @@ use std::mem::MaybeUninit;
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::{Shape, TensorMetadata};
 
+use super::fresh;
 use super::matmul::{product, View, GEMM_PARALLEL_OPS};
-use super::{f32_tensor, fresh, masked_softmax_in_place, softmax_backward_in_place, tensor};
+use super::rows::{masked_softmax_in_place, softmax_backward_in_place};
+use super::tensors::{f32_tensor, tensor};
 use crate::written::assume_init_mut;
 use crate::CausalMask;
 

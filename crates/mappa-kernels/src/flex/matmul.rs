@@ -30,7 +30,8 @@ use burn::tensor::Shape;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
-use super::{copy, narrow, tensor, ELEMENTS_PER_TASK};
+use super::tensors::tensor;
+use super::{copy, narrow, ELEMENTS_PER_TASK};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
 /// is at least 512 on every CPU, so a call with `k <= 512` is never split.
@@ -447,7 +448,7 @@ pub(super) fn product(out: &mut [MaybeUninit<f32>], [m, n, k]: [usize; 3], lhs: 
 /// lhs (m x k) @ rhs (k x n)`, in gemm calls of at
 /// most [`GEMM_MAX_K`] terms, each added to `out` in order of `k`; the
 /// first call overwrites `out` (its prior contents are never read).
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)] // one gemm call's shapes, views and offsets, as gemm takes them
 fn gemm_chunked(
     out: &mut [MaybeUninit<f32>],
     m: usize,

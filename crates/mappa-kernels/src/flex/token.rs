@@ -24,9 +24,9 @@ use burn::tensor::{Shape, TensorMetadata};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
-use super::{
-    contiguous, copy, f32_tensor, fresh, ids_below, log_sum_exp, tensor, writable, ROWS_PER_TASK,
-};
+use super::reduce::log_sum_exp;
+use super::tensors::{contiguous, f32_tensor, ids_below, tensor, writable};
+use super::{copy, fresh, ROWS_PER_TASK};
 use crate::expf::libm_exp_in_place;
 
 /// `(log_softmax(x)[target], lse)` per row of `logits` (`[.., vocab]`),
@@ -207,14 +207,9 @@ mod tests {
     use burn::tensor::ops::FloatTensor;
     use burn::tensor::{TensorPrimitive, Tolerance};
 
-    use crate::ModelBackend;
+    use crate::{bits, ModelBackend};
 
     type Ad = Autodiff<Flex>;
-
-    fn bits<const D: usize>(x: Tensor<Flex, D>) -> Vec<u32> {
-        let values = x.into_data().to_vec::<f32>().unwrap();
-        values.iter().map(|v| v.to_bits()).collect()
-    }
 
     /// Logits `[b, s + 1, v]` over a wide range (some rows far from zero),
     /// targets `[b, s]` covering both ends of the vocabulary, and weights

@@ -1,6 +1,6 @@
 //! Helpers shared by the fixture-based integration tests: paths and golden files.
 
-#![allow(dead_code)]
+#![allow(dead_code)] // each test binary uses its own part of these helpers
 
 use std::path::PathBuf;
 

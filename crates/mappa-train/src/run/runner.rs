@@ -125,10 +125,10 @@ fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<()
         return Ok(());
     }
     let cache = mappa_judge::cache::CoachCache::open(path, mode)?;
-    let here = crate::machine::record();
+    let here = crate::machine::Machine::here();
     match (mode, cache.recorded_machine()?) {
         (CacheMode::Replay, Some(recorded)) => {
-            let recorded: serde_json::Value = serde_json::from_str(&recorded).unwrap_or_default();
+            let recorded = crate::machine::Machine::parse(&recorded);
             if let Some(warning) = crate::machine::warning(
                 &format!("the coach cache {} was recorded", path.display()),
                 &recorded,
@@ -137,7 +137,9 @@ fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<()
                 eprintln!("{warning}");
             }
         }
-        (CacheMode::ReadWrite, None) => cache.note_machine(&here.to_string())?,
+        (CacheMode::ReadWrite, None) => {
+            cache.note_machine(&crate::machine::record().to_string())?
+        }
         _ => {}
     }
     Ok(())

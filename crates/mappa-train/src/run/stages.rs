@@ -1,19 +1,21 @@
-//! One training step as stages, each a function with typed inputs and
-//! outputs:
+//! One training step as stages, each a function whose inputs are its
+//! arguments and whose outputs are its return value;
+//! [`Runner::train_step`] passes each what it needs:
 //!
-//! 1. [`Runner::rollout_coaching_early`]: roll out the batch; each agent
-//!    but the last is coached while the next one generates.
-//! 2. [`Runner::grade`]: grade every trajectory (the task family's grader).
-//! 3. [`Runner::coach_last`]: coach the last agent, shown the graded
-//!    ground truth (DSBench: the submission's metrics).
+//! 1. [`rollout_coaching_early`]: roll out the batch; each agent but the
+//!    last is coached while the next one generates.
+//! 2. [`grade`]: grade every trajectory (the task family's grader).
+//! 3. [`coach_last`]: coach the last agent, shown the graded ground truth
+//!    (DSBench: the submission's metrics).
 //! 4. [`assemble`]: one [`StepTrajectory`] per trajectory, each action with
 //!    its score; a count that does not match is an error.
-//! 5. [`Runner::assign_credit`]: rewards, advantages and training samples
-//!    through `mappa-credit` ([`crate::step::build_samples`]).
-//! 6. [`Runner::update`]: one optimiser step per agent.
+//! 5. [`assign_credit`]: rewards, advantages, each action's credit and the
+//!    training samples, through `mappa-credit` ([`build_samples`]).
+//! 6. [`update`]: one optimiser step per agent.
 //! 7. [`record`]: the step's [`TrainLine`] and [`TrajectoryLine`]s.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use mappa_agents::{action_contexts, ActionRecord, TaskInput, Trajectory, Workflow};
@@ -24,12 +26,17 @@ use mappa_model::AutodiffModelBackend;
 use super::remove_work;
 use super::runner::Runner;
 use super::timing::{seconds, TimingLine};
-use crate::learner::{StepMetrics, TrainSample};
+use mappa_credit::CreditConfig;
+
+use crate::learner::{AgentLearner, StepMetrics, TrainSample};
+use crate::loss::LossConfig;
 use crate::records::{
     ActionLine, EvalLine, TrainLine, TrajectoryLine, UniformOutcome, UniformSetsLine,
     SCHEMA_VERSION,
 };
-use crate::step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
+use crate::step::{
+    build_samples, loss_config, ActionCredit, CreditedStep, RolloutAction, RolloutTrajectory,
+};
 use crate::tasks::{Graded, TaskSet};
 use crate::TrainError;
 
@@ -45,17 +52,6 @@ pub(super) struct StepTrajectory {
     pub graded: Graded,
     /// The coach's score of each action, in action order.
     pub scores: Vec<ActionScore>,
-    /// Each action's credit, in action order (after [`Runner::assign_credit`]).
-    pub credit: Vec<ActionCredit>,
-}
-
-/// What credit assignment gave one action.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct ActionCredit {
-    /// Its reward.
-    pub reward: f64,
-    /// Its mean advantage over valid tokens.
-    pub advantage_mean: f64,
 }
 
 /// The task each trajectory ran on.
@@ -73,13 +69,13 @@ fn by_id(tasks: &[TaskInput]) -> BTreeMap<&str, &TaskInput> {
     tasks.iter().map(|t| (t.id.as_str(), t)).collect()
 }
 
-/// Score `contexts` and split the scores among `owners` (key, count), checking the count.
+/// Score `contexts` and split the scores among `owners` (key, count),
+/// checking the count.
 fn score_owned(
     coach: &dyn Coach,
     contexts: &[ActionContext],
     owners: Vec<((usize, usize), usize)>,
-    into: &mut ScoresByAgent,
-) -> Result<(), TrainError> {
+) -> Result<ScoresByAgent, TrainError> {
     let scores = coach.score_batch(contexts)?;
     if scores.len() != contexts.len() {
         return Err(TrainError::Input(format!(
@@ -90,10 +86,10 @@ fn score_owned(
         )));
     }
     let mut it = scores.into_iter();
-    for (key, n) in owners {
-        into.insert(key, it.by_ref().take(n).collect());
-    }
-    Ok(())
+    Ok(owners
+        .into_iter()
+        .map(|(key, n)| (key, it.by_ref().take(n).collect()))
+        .collect())
 }
 
 /// Stage 4: each trajectory with its grade and every action's score (from
@@ -129,7 +125,6 @@ pub(super) fn assemble(
             trajectory,
             graded,
             scores: action_scores,
-            credit: Vec::new(),
         });
     }
     Ok(out)
@@ -200,6 +195,7 @@ pub(super) fn record(
     step: usize,
     workflow: &Workflow,
     scored: &[StepTrajectory],
+    credit: &[Vec<ActionCredit>],
     agents: Vec<StepMetrics>,
     uniform_sets: UniformSetsLine,
 ) -> (TrainLine, Vec<TrajectoryLine>) {
@@ -222,7 +218,8 @@ pub(super) fn record(
     };
     let rows = scored
         .iter()
-        .map(|t| TrajectoryLine {
+        .zip(credit)
+        .map(|(t, credit)| TrajectoryLine {
             schema: SCHEMA_VERSION,
             step,
             task_id: t.trajectory.task_id.clone(),
@@ -233,7 +230,7 @@ pub(super) fn record(
                 .actions
                 .iter()
                 .zip(&t.scores)
-                .zip(&t.credit)
+                .zip(credit)
                 .map(|((a, s), c)| ActionLine {
                     role: a.role.clone(),
                     turn: a.turn,
@@ -313,7 +310,8 @@ where
         Ok((line, timing))
     }
 
-    /// One training step on `batch`: the stages in order.
+    /// One training step on `batch`: the stages in order, each given what
+    /// it reads and returning what it makes.
     pub(super) fn train_step(
         &mut self,
         step: usize,
@@ -321,213 +319,213 @@ where
     ) -> Result<(TrainLine, Vec<TrajectoryLine>, TimingLine), TrainError> {
         let start = Instant::now();
         let sandbox_before = self.sandbox.batch_time();
-        let (trajectories, work, mut scores, coach_early) =
-            self.rollout_coaching_early(step, batch)?;
+        let coach = self
+            .coach
+            .as_deref()
+            .ok_or_else(|| TrainError::Config("training needs a coach".into()))?;
+        let r = &self.manifest.rollout;
+        let stream = format!("rollout/step-{step}");
+        let samples = r.samples_per_prompt;
+        let early = rollout_coaching_early(coach, &self.workflow, batch, samples, |on_done| {
+            self.rollout(batch, samples, r.temperature, &stream, on_done)
+        })?;
         let rollout_s = seconds(start.elapsed());
         let sandbox_s = seconds(self.sandbox.batch_time() - sandbox_before);
-        let graded = self.grade(batch, &trajectories)?;
-        remove_work(&work)?;
+        let graded = grade(&self.tasks, &self.workflow, batch, &early.trajectories)?;
+        remove_work(&early.work)?;
         let coaching = Instant::now();
-        self.coach_last(batch, &trajectories, &graded, &mut scores)?;
+        let last = coach_last(coach, &self.workflow, batch, &early.trajectories, &graded)?;
         let coach_last_s = seconds(coaching.elapsed());
         let updating = Instant::now();
-        let mut scored = assemble(trajectories, graded, scores)?;
-        let (samples, uniform_sets) = self.assign_credit(&mut scored)?;
-        let agents = self.update(&samples)?;
+        let mut scores = early.scores;
+        scores.extend(last);
+        let scored = assemble(early.trajectories, graded, scores)?;
+        let mask_truncated = self.manifest.rollout.mask_truncated;
+        let credited = assign_credit(
+            &self.learners,
+            &self.manifest.credit,
+            mask_truncated,
+            &scored,
+        )?;
+        let loss = loss_config(&self.manifest.train, &self.manifest.credit);
+        let agents = update(&mut self.learners, &loss, &credited.samples)?;
         let update_s = seconds(updating.elapsed());
-        let (line, rows) = record(step, &self.workflow, &scored, agents, uniform_sets);
+        let (line, rows) = record(
+            step,
+            &self.workflow,
+            &scored,
+            &credited.credit,
+            agents,
+            credited.uniform_sets,
+        );
         let timing = TimingLine {
             phase: "train".into(),
             step,
             wall_s: seconds(start.elapsed()),
             rollout_s,
             sandbox_s,
-            coach_s: seconds(coach_early) + coach_last_s,
+            coach_s: seconds(early.coach_time) + coach_last_s,
             coach_last_s,
             update_s,
         };
         Ok((line, rows, timing))
     }
+}
 
-    fn coach(&self) -> Result<&dyn Coach, TrainError> {
-        self.coach
-            .as_deref()
-            .ok_or_else(|| TrainError::Config("training needs a coach".into()))
-    }
+/// What stage 1 returns: the trajectories, their working directory (to
+/// remove once graded), the early agents' scores and the time spent
+/// scoring them.
+struct EarlyCoached {
+    trajectories: Vec<Trajectory>,
+    work: PathBuf,
+    scores: ScoresByAgent,
+    coach_time: Duration,
+}
 
-    /// Stage 1: roll out `batch`; every agent but the last is coached while
-    /// the next one generates (the last agent's coach may need the graded
-    /// outcome). Returns the trajectories, their working directory (to
-    /// remove once graded), the early scores and the time spent scoring them.
-    fn rollout_coaching_early(
-        &self,
-        step: usize,
-        batch: &[TaskInput],
-    ) -> Result<(Vec<Trajectory>, std::path::PathBuf, ScoresByAgent, Duration), TrainError> {
-        let coach = self.coach()?;
-        let r = &self.manifest.rollout;
-        let samples = r.samples_per_prompt;
-        let last_agent = self.workflow.agents.len() - 1;
-        let workflow = &self.workflow;
-        let (sender, receiver) =
-            std::sync::mpsc::channel::<(usize, Vec<(usize, Vec<ActionRecord>)>)>();
-        let (rolled, early) = std::thread::scope(|s| {
-            let scorer = s.spawn(move || -> Result<(ScoresByAgent, Duration), TrainError> {
-                let mut scored = BTreeMap::new();
-                let mut busy = Duration::ZERO;
-                for (agent, done) in receiver {
-                    let mut contexts = Vec::new();
-                    let mut owners = Vec::new();
-                    for (i, actions) in &done {
-                        let task = &batch[i / samples];
-                        contexts.extend(action_contexts(workflow, task, i % samples, actions));
-                        owners.push(((*i, agent), actions.len()));
-                    }
-                    let start = Instant::now();
-                    score_owned(coach, &contexts, owners, &mut scored)?;
-                    busy += start.elapsed();
+/// An agent's finished actions, per trajectory index, as a rollout hands
+/// them over.
+type AgentDone = (usize, Vec<(usize, Vec<ActionRecord>)>);
+
+/// Stage 1: roll out `batch` by `rollout` (`samples` per task); every agent
+/// but the last is coached while the next one generates (the last agent's
+/// coach may need the graded outcome).
+fn rollout_coaching_early(
+    coach: &dyn Coach,
+    workflow: &Workflow,
+    batch: &[TaskInput],
+    samples: usize,
+    rollout: impl FnOnce(
+        &mut dyn FnMut(usize, Vec<(usize, Vec<ActionRecord>)>),
+    ) -> Result<(Vec<Trajectory>, PathBuf), TrainError>,
+) -> Result<EarlyCoached, TrainError> {
+    let last_agent = workflow.agents.len() - 1;
+    let (sender, receiver) = std::sync::mpsc::channel::<AgentDone>();
+    let (rolled, early) = std::thread::scope(|s| {
+        let scorer = s.spawn(move || -> Result<(ScoresByAgent, Duration), TrainError> {
+            let mut scored = BTreeMap::new();
+            let mut busy = Duration::ZERO;
+            for (agent, done) in receiver {
+                let mut contexts = Vec::new();
+                let mut owners = Vec::new();
+                for (i, actions) in &done {
+                    let task = &batch[i / samples];
+                    contexts.extend(action_contexts(workflow, task, i % samples, actions));
+                    owners.push(((*i, agent), actions.len()));
                 }
-                Ok((scored, busy))
-            });
-            let rolled = self.rollout(
-                batch,
-                samples,
-                r.temperature,
-                &format!("rollout/step-{step}"),
-                &mut |agent, done| {
-                    if agent != last_agent {
-                        let _ = sender.send((agent, done));
-                    }
-                },
-            );
-            drop(sender);
-            (rolled, scorer.join().expect("the coaching thread"))
+                let start = Instant::now();
+                scored.extend(score_owned(coach, &contexts, owners)?);
+                busy += start.elapsed();
+            }
+            Ok((scored, busy))
         });
-        let (trajectories, work) = rolled?;
-        let (early, busy) = early?;
-        Ok((trajectories, work, early, busy))
-    }
+        let rolled = rollout(&mut |agent, done| {
+            if agent != last_agent {
+                let _ = sender.send((agent, done));
+            }
+        });
+        drop(sender);
+        (rolled, scorer.join().expect("the coaching thread"))
+    });
+    let (trajectories, work) = rolled?;
+    let (scores, coach_time) = early?;
+    Ok(EarlyCoached {
+        trajectories,
+        work,
+        scores,
+        coach_time,
+    })
+}
 
-    /// Stage 2: grade every trajectory.
-    fn grade(
-        &self,
-        batch: &[TaskInput],
-        trajectories: &[Trajectory],
-    ) -> Result<Vec<Graded>, TrainError> {
-        let by_id = by_id(batch);
-        trajectories
+/// Stage 2: grade every trajectory by the task set's grader.
+fn grade(
+    tasks: &TaskSet,
+    workflow: &Workflow,
+    batch: &[TaskInput],
+    trajectories: &[Trajectory],
+) -> Result<Vec<Graded>, TrainError> {
+    let by_id = by_id(batch);
+    trajectories
+        .iter()
+        .map(|t| tasks.grader.grade(workflow, task_of(&by_id, t)?, t))
+        .collect()
+}
+
+/// Stage 3: the last agent's scores, each action shown its trajectory's
+/// graded ground truth.
+fn coach_last(
+    coach: &dyn Coach,
+    workflow: &Workflow,
+    batch: &[TaskInput],
+    trajectories: &[Trajectory],
+    graded: &[Graded],
+) -> Result<ScoresByAgent, TrainError> {
+    let last_agent = workflow.agents.len() - 1;
+    let by_id = by_id(batch);
+    let mut contexts = Vec::new();
+    let mut owners = Vec::new();
+    for (i, (t, g)) in trajectories.iter().zip(graded).enumerate() {
+        let last: Vec<ActionRecord> = t
+            .actions
             .iter()
-            .map(|t| {
-                self.tasks
-                    .grader
-                    .grade(&self.workflow, task_of(&by_id, t)?, t)
-            })
-            .collect()
+            .filter(|a| a.agent == last_agent)
+            .cloned()
+            .collect();
+        let task = task_of(&by_id, t)?;
+        contexts.extend(
+            action_contexts(workflow, task, t.sample, &last)
+                .into_iter()
+                .map(|mut c| {
+                    c.ground_truth = g.ground_truth.clone();
+                    c
+                }),
+        );
+        owners.push(((i, last_agent), last.len()));
     }
+    score_owned(coach, &contexts, owners)
+}
 
-    /// Stage 3: coach the last agent's actions, each shown its
-    /// trajectory's graded ground truth; adds their scores to `scores`.
-    fn coach_last(
-        &self,
-        batch: &[TaskInput],
-        trajectories: &[Trajectory],
-        graded: &[Graded],
-        scores: &mut ScoresByAgent,
-    ) -> Result<(), TrainError> {
-        let last_agent = self.workflow.agents.len() - 1;
-        let by_id = by_id(batch);
-        let mut contexts = Vec::new();
-        let mut owners = Vec::new();
-        for (i, (t, g)) in trajectories.iter().zip(graded).enumerate() {
-            let last: Vec<ActionRecord> = t
+/// Stage 5: every action's reward and advantages, and each agent's
+/// training samples, through `mappa-credit`.
+fn assign_credit<B: AutodiffModelBackend>(
+    learners: &[AgentLearner<B>],
+    credit: &CreditConfig,
+    mask_truncated: bool,
+    scored: &[StepTrajectory],
+) -> Result<CreditedStep, TrainError> {
+    let rollout: Vec<RolloutTrajectory<'_>> = scored
+        .iter()
+        .map(|t| RolloutTrajectory {
+            group: t.trajectory.group,
+            outcome: t.graded.outcome,
+            actions: t
+                .trajectory
                 .actions
                 .iter()
-                .filter(|a| a.agent == last_agent)
-                .cloned()
-                .collect();
-            let task = task_of(&by_id, t)?;
-            contexts.extend(
-                action_contexts(&self.workflow, task, t.sample, &last)
-                    .into_iter()
-                    .map(|mut c| {
-                        c.ground_truth = g.ground_truth.clone();
-                        c
-                    }),
-            );
-            owners.push(((i, last_agent), last.len()));
-        }
-        score_owned(self.coach()?, &contexts, owners, scores)
-    }
+                .zip(&t.scores)
+                .map(|(a, s)| RolloutAction {
+                    agent: a.agent,
+                    prompt: &a.prompt_ids,
+                    completion: &a.completion_ids,
+                    truncated: a.truncated && mask_truncated,
+                    score: s.score,
+                })
+                .collect(),
+        })
+        .collect();
+    build_samples(learners, &rollout, credit)
+}
 
-    /// Stage 5: rewards and advantages of every action (recorded in
-    /// `scored`), and each agent's training samples.
-    fn assign_credit(
-        &self,
-        scored: &mut [StepTrajectory],
-    ) -> Result<(Vec<Vec<TrainSample>>, UniformSetsLine), TrainError> {
-        let mask_truncated = self.manifest.rollout.mask_truncated;
-        let rollout: Vec<RolloutTrajectory<'_>> = scored
-            .iter()
-            .map(|t| RolloutTrajectory {
-                group: t.trajectory.group,
-                outcome: t.graded.outcome,
-                actions: t
-                    .trajectory
-                    .actions
-                    .iter()
-                    .zip(&t.scores)
-                    .map(|(a, s)| RolloutAction {
-                        agent: a.agent,
-                        prompt: &a.prompt_ids,
-                        completion: &a.completion_ids,
-                        truncated: a.truncated && mask_truncated,
-                        score: s.score,
-                    })
-                    .collect(),
-            })
-            .collect();
-        let credited = build_samples(&self.learners, &rollout, &self.manifest.credit)?;
-        let samples = credited.samples;
-        // Samples are per agent, in trajectory order.
-        let mut next = vec![0usize; samples.len()];
-        let credit: Vec<Vec<ActionCredit>> = rollout
-            .iter()
-            .map(|t| {
-                t.actions
-                    .iter()
-                    .map(|a| {
-                        let s = &samples[a.agent][next[a.agent]];
-                        next[a.agent] += 1;
-                        let valid: Vec<f64> = s
-                            .advantages
-                            .iter()
-                            .zip(&s.mask)
-                            .filter(|(_, m)| **m)
-                            .map(|(x, _)| *x as f64)
-                            .collect();
-                        ActionCredit {
-                            reward: s.reward,
-                            advantage_mean: valid.iter().sum::<f64>() / valid.len().max(1) as f64,
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
-        for (t, credit) in scored.iter_mut().zip(credit) {
-            t.credit = credit;
-        }
-        Ok((samples, credited.uniform_sets))
-    }
-
-    /// Stage 6: one optimiser step per agent on its own samples.
-    fn update(&mut self, samples: &[Vec<TrainSample>]) -> Result<Vec<StepMetrics>, TrainError> {
-        let loss = loss_config(&self.manifest.train, &self.manifest.credit);
-        self.learners
-            .iter_mut()
-            .zip(samples)
-            .map(|(learner, samples)| learner.train_step(samples, &loss))
-            .collect()
-    }
+/// Stage 6: one optimiser step per agent on its own samples.
+fn update<B: AutodiffModelBackend>(
+    learners: &mut [AgentLearner<B>],
+    loss: &LossConfig,
+    samples: &[Vec<TrainSample>],
+) -> Result<Vec<StepMetrics>, TrainError> {
+    learners
+        .iter_mut()
+        .zip(samples)
+        .map(|(learner, samples)| learner.train_step(samples, loss))
+        .collect()
 }
 
 #[cfg(test)]

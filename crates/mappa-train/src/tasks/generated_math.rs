@@ -15,8 +15,7 @@ use mappa_env::math_tasks::{generate_mix_of, GeneratedProblem, Tier};
 use mappa_judge::KnownSolution;
 use serde::{Deserialize, Serialize};
 
-use super::{expect_roles, settings_boilerplate, AnswerGrader, TaskFamily, TaskSet, Teacher};
-use crate::manifest::WarmStart;
+use super::{expect_roles, settings_boilerplate, AnswerGrader, TaskFamily, TaskSet, Teacher, WarmStart};
 use mappa_env::slips::{rate_for, slip, SlipKind, MAX_DIFFICULTY_WEIGHT};
 use crate::TrainError;
 

@@ -13,8 +13,7 @@ use mappa_env::tabular::{generate_task, SpecKind, TabularTask, TaskSpec};
 use serde::{Deserialize, Serialize};
 
 use super::tabular::{task_input, task_set, METRIC};
-use super::{expect_roles, settings_boilerplate, TaskFamily, TaskSet, Teacher};
-use crate::manifest::WarmStart;
+use super::{expect_roles, settings_boilerplate, TaskFamily, TaskSet, Teacher, WarmStart};
 use crate::TrainError;
 
 /// How many tasks, from which seed, and their size.

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{settings_boilerplate, AnswerGrader, TaskFamily, TaskSet};
-use crate::manifest::{check_file, rebase, FileRef};
+use crate::files::{check_file, rebase, FileRef};
 use crate::TrainError;
 
 /// A training file and held-out files.

@@ -25,13 +25,16 @@
 use std::fmt;
 use std::path::Path;
 
-use mappa_agents::{ScriptedPolicy, TaskInput, Trajectory, Workflow};
+use mappa_agents::{TaskInput, Trajectory, Workflow};
 use mappa_judge::GroundTruth;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::manifest::WarmStart;
+mod teacher;
+
+pub use teacher::{Teacher, WarmStart};
+
 use crate::TrainError;
 
 /// A kind of task: loading, grading, the coach's view and a teacher.
@@ -115,14 +118,6 @@ pub struct TaskSet {
     pub eval: Vec<TaskInput>,
     /// Grades trajectories of these tasks.
     pub grader: Box<dyn Grader>,
-}
-
-/// A warm-start teacher: its tasks and one scripted policy per agent.
-pub struct Teacher {
-    /// The demonstration tasks (none held out).
-    pub tasks: Vec<TaskInput>,
-    /// One policy per agent, in workflow order.
-    pub policies: Vec<ScriptedPolicy>,
 }
 
 /// Checks that a teacher made for one of the `chains` of roles is used

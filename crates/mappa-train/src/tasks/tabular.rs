@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{settings_boilerplate, Graded, Grader, TaskFamily, TaskSet};
-use crate::manifest::{check_file, rebase, FileRef};
+use crate::files::{check_file, rebase, FileRef};
 use crate::TrainError;
 
 /// DSBench task lists and the data they point into.
