@@ -23,6 +23,10 @@ check-expf:
 check-determinism:
     cargo test --locked -p mappa-tests --test determinism -- --nocapture
 
+# 64-bit ARM (issue 56, in progress): mappa-kernels' tests cross-built for aarch64 Linux and run under qemu-aarch64. Needs `rustup target add aarch64-unknown-linux-gnu` and Debian's gcc-aarch64-linux-gnu and qemu-user; today gemm's aarch64 kernels fail the three product tests that pin the x86-64 summation order.
+check-arm:
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" cargo test --locked --target aarch64-unknown-linux-gnu -p mappa-kernels
+
 # Formatting and lints (CI runs this before the tests): rustfmt, and clippy with warnings (missing docs, unreachable `pub`, functions over 80 lines outside tests: clippy.toml) as errors.
 lint:
     cargo fmt --all -- --check

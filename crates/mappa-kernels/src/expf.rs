@@ -274,7 +274,9 @@ mod avx512 {
     }
 }
 
-/// The `libm` crate's `expf` constants (FreeBSD's `e_expf.c`).
+/// The `libm` crate's `expf` constants (FreeBSD's `e_expf.c`), for the
+/// vectorised paths.
+#[cfg(target_arch = "x86_64")]
 mod freebsd {
     pub(super) const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
     pub(super) const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
@@ -620,6 +622,7 @@ mod tests {
 
     /// [`exp_in_place`] and each vectorised path this CPU can run, by name
     /// (the dispatched one takes only the widest).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))] // pushed to on x86-64 only
     fn exp_paths() -> Vec<Path> {
         let mut paths: Vec<Path> = vec![("dispatched", exp_in_place)];
         #[cfg(target_arch = "x86_64")]
@@ -638,6 +641,7 @@ mod tests {
     }
 
     /// [`libm_exp_in_place`] and each vectorised path this CPU can run.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))] // pushed to on x86-64 only
     fn libm_exp_paths() -> Vec<Path> {
         let mut paths: Vec<Path> = vec![("dispatched", libm_exp_in_place)];
         #[cfg(target_arch = "x86_64")]
