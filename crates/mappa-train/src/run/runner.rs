@@ -137,9 +137,8 @@ fn compare_cache_machine(config: &mappa_judge::config::CoachConfig) -> Result<()
                 eprintln!("{warning}");
             }
         }
-        (CacheMode::ReadWrite, None) => {
-            cache.note_machine(&crate::machine::record().to_string())?
-        }
+        (CacheMode::ReadWrite, None) => cache
+            .note_machine(&serde_json::to_string(&here).expect("a machine record serialises"))?,
         _ => {}
     }
     Ok(())
