@@ -11,8 +11,22 @@ sandbox_venv := env_var_or_default("MAPPA_SANDBOX_VENV", ".venv-sandbox")
 default:
     @just --list
 
-# The whole test suite (what CI runs): unit, property, parity and scenario tests on the CPU backend.
+# 64-bit ARM, cross-built (`just arm-tools` installs the toolchain): Debian's cross linker, and qemu-user to run the tests.
+arm_target := "aarch64-unknown-linux-gnu"
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER := "aarch64-linux-gnu-gcc"
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER := "qemu-aarch64 -L /usr/aarch64-linux-gnu"
+
+# The whole test suite (what CI runs): unit, property, parity and scenario tests on the CPU backend; where the aarch64 cross toolchain is installed, also mappa-kernels' tests under qemu-aarch64 and the determinism test's 64-bit ARM variant.
 test: setup-python
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if just arm-tools-present; then
+        echo "== mappa-kernels' tests on 64-bit ARM (aarch64 Linux, under qemu-aarch64)"
+        cargo test --locked --target {{arm_target}} -p mappa-kernels --lib
+        export MAPPA_DETERMINISM_AARCH64="$(just arm-determinism-exe)"
+    else
+        echo "note: the aarch64 cross toolchain is not installed (just arm-tools): 64-bit ARM is not checked"
+    fi
     cargo test --workspace --locked
 
 # Every f32 input through mappa-kernels' expf (SwiGLU's: against the C library's; the softmax's: against the libm crate's), each vectorised path this CPU has (AVX2, AVX-512) against its scalar one (about two minutes).
@@ -23,9 +37,27 @@ check-expf:
 check-determinism:
     cargo test --locked -p mappa-tests --test determinism -- --nocapture
 
-# 64-bit ARM (issue 56, in progress): mappa-kernels' tests cross-built for aarch64 Linux and run under qemu-aarch64. Needs `rustup target add aarch64-unknown-linux-gnu` and Debian's gcc-aarch64-linux-gnu and qemu-user; today gemm's aarch64 kernels fail the three product tests that pin the x86-64 summation order.
+# 64-bit ARM alone: every CPU crate's tests cross-built for aarch64 Linux and run under qemu-aarch64 (skipping what cannot run there: docs/reproducibility.md#64-bit-arm), then the determinism test's ARM variant. Needs `just arm-tools`.
 check-arm:
-    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu" cargo test --locked --target aarch64-unknown-linux-gnu -p mappa-kernels
+    just arm-tools-present || (echo "check-arm: the aarch64 cross toolchain is missing: run just arm-tools" >&2; exit 1)
+    cargo test --locked --target {{arm_target}} --workspace --exclude mappa-tests -- --skip-list-placeholder
+    MAPPA_DETERMINISM_AARCH64="$(just arm-determinism-exe)" cargo test --locked -p mappa-tests --test determinism -- --nocapture
+
+# Install the aarch64 cross toolchain: the Rust target, and (as root, with apt) Debian's cross C toolchain and qemu-user.
+arm-tools:
+    rustup target add {{arm_target}}
+    command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user >/dev/null)
+
+# Whether the aarch64 cross toolchain is installed (exit status only).
+[private]
+arm-tools-present:
+    @rustup target list --installed | grep -qx {{arm_target}} && command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null
+
+# Cross-build the determinism test for aarch64 and print its path.
+[private]
+arm-determinism-exe:
+    @cargo test --locked --target {{arm_target}} -p mappa-tests --test determinism --no-run --message-format=json-render-diagnostics \
+        | python3 -c 'import json, sys; print(*[m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "determinism" and m.get("executable")])'
 
 # Formatting and lints (CI runs this before the tests): rustfmt, and clippy with warnings (missing docs, unreachable `pub`, functions over 80 lines outside tests: clippy.toml) as errors.
 lint:

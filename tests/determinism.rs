@@ -10,7 +10,11 @@
 //!   EPYC, an Intel Xeon and an older client part; burn's GEMM sizes its
 //!   blocks from these files);
 //! - an x86-64 CPU without AVX-512 (when `qemu-x86_64` is installed: the
-//!   child runs under qemu-user as a Haswell, AVX2 and FMA only).
+//!   child runs under qemu-user as a Haswell, AVX2 and FMA only);
+//! - 64-bit ARM (when [`AARCH64_EXE`] names this test cross-built for
+//!   `aarch64-unknown-linux-gnu`, as `just test` does where the cross
+//!   toolchain is installed: the child runs under `qemu-aarch64`). Its
+//!   digests are printed beside this machine's.
 //!
 //! The same child also multiplies and sums through burn's own CPU kernels,
 //! which do depend on the machine: at least one variant must change those
@@ -35,6 +39,13 @@ type B = Autodiff<Cpu>;
 
 /// Set in a child process: print the digests and stop.
 const CHILD: &str = "MAPPA_DETERMINISM_CHILD";
+
+/// The path of this test built for `aarch64-unknown-linux-gnu`, to run
+/// under `qemu-aarch64` as one more child (set by `just test`).
+const AARCH64_EXE: &str = "MAPPA_DETERMINISM_AARCH64";
+
+/// Where Debian's cross toolchain keeps aarch64's C library, for qemu-user.
+const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
 
 /// Bytes of every value the workload produced, in order.
 #[derive(Default)]
@@ -221,14 +232,19 @@ exec "$@"
 
 /// This test binary, re-run as a child that prints its digests.
 fn child(prefix: &[&str], env: &[(&str, &str)]) -> Command {
-    let exe = std::env::current_exe().unwrap();
+    child_of(&std::env::current_exe().unwrap(), prefix, env)
+}
+
+/// The test binary `exe` (this one, or this test built for another CPU),
+/// run as a child that prints its digests.
+fn child_of(exe: &std::path::Path, prefix: &[&str], env: &[(&str, &str)]) -> Command {
     let mut cmd = match prefix.split_first() {
         Some((program, args)) => {
             let mut cmd = Command::new(program);
-            cmd.args(args).arg(&exe);
+            cmd.args(args).arg(exe);
             cmd
         }
-        None => Command::new(&exe),
+        None => Command::new(exe),
     };
     cmd.args([
         "--exact",
@@ -345,11 +361,17 @@ fn same_bits_on_other_cpus() {
         eprintln!("note: no qemu-x86_64 on PATH: the AVX2-only CPU is not checked");
     }
 
+    variants.extend(aarch64_variant());
+
     let mut burn_changed = Vec::new();
     for (name, cmd) in variants {
         let (mappa, burn) = digests(cmd, &name);
+        eprintln!(
+            "{name}:\n  mappa's workload {mappa}\n  (this machine:  {})",
+            here.0
+        );
         assert_eq!(mappa, here.0, "{name}: mappa's workload changed bits");
-        eprintln!("{name}: same bits");
+        eprintln!("  same bits");
         if burn != here.1 {
             burn_changed.push(name);
         }
@@ -361,4 +383,29 @@ fn same_bits_on_other_cpus() {
             "no variant changed burn's own kernels' bits: the variants did not present another CPU"
         );
     }
+}
+
+/// The workload on 64-bit ARM: this test cross-built for aarch64 Linux
+/// ([`AARCH64_EXE`]) under `qemu-aarch64`, or `None` with a note saying
+/// what is missing.
+fn aarch64_variant() -> Option<(String, Command)> {
+    let Some(exe) = std::env::var_os(AARCH64_EXE) else {
+        eprintln!("note: {AARCH64_EXE} is not set: 64-bit ARM is not checked (`just test` sets it where the aarch64 cross toolchain is installed)");
+        return None;
+    };
+    let exe = PathBuf::from(exe);
+    assert!(
+        exe.is_file(),
+        "{AARCH64_EXE}={}: no such file (the determinism test cross-built for aarch64-unknown-linux-gnu)",
+        exe.display()
+    );
+    assert!(
+        on_path("qemu-aarch64").is_some(),
+        "{AARCH64_EXE} is set but qemu-aarch64 is not on PATH (Debian's qemu-user)"
+    );
+    let prefix = ["qemu-aarch64", "-L", AARCH64_SYSROOT];
+    Some((
+        "64-bit ARM (aarch64 Linux) under qemu-aarch64".into(),
+        child_of(&exe, &prefix, &[]),
+    ))
 }

@@ -64,6 +64,7 @@ mod copy;
 mod fresh;
 mod matmul;
 mod narrow;
+mod order;
 mod reduce;
 mod rows;
 mod steps;

@@ -31,7 +31,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 use super::tensors::tensor;
-use super::{copy, narrow, ELEMENTS_PER_TASK};
+use super::{copy, narrow, order, ELEMENTS_PER_TASK};
 
 /// The most terms one `gemm` call reduces over. gemm's blocking along `k`
 /// is at least 512 on every CPU, so a call with `k <= 512` is never split.
@@ -530,6 +530,8 @@ impl GemmCall {
     /// (eight lanes) on every CPU that has AVX2 and FMA, also where gemm
     /// itself would pick its AVX-512 kernels (sixteen lanes), so that the
     /// bits are the same on both; the rest go to gemm's fastest kernels.
+    /// Off x86-64, the calls whose kernels there would sum in another order
+    /// follow x86-64's order as written out in `order.rs`.
     ///
     /// # Safety
     /// `dst`, `lhs` and `rhs` must address every element their shapes and
@@ -541,16 +543,17 @@ impl GemmCall {
             debug_assert!(!self.dst_col_major, "lane-split calls write row-major");
             if let Some(simd) = gemm_common::simd::V3::try_new() {
                 // SAFETY: as for `run`; AVX2 and FMA are present (`V3`).
-                unsafe { self.run_avx2(simd, dst, lhs, rhs) };
+                unsafe { run_avx2(simd, &self.frame(dst, lhs, rhs), self.parallelism) };
                 return;
             }
         }
+        // SAFETY: as for `run` (`k > 0`: gemm_chunked's slices are never
+        // empty). On x86-64 gemm's own kernels are that order.
+        if !cfg!(target_arch = "x86_64") && unsafe { order::reduce(&self.frame(dst, lhs, rhs)) } {
+            return;
+        }
+        let (dst_cs, dst_rs) = self.dst_strides();
         // SAFETY: as for `run`.
-        let (dst_cs, dst_rs) = if self.dst_col_major {
-            (self.m as isize, 1)
-        } else {
-            (1, self.n as isize)
-        };
         unsafe {
             gemm::gemm(
                 self.m,
@@ -576,92 +579,102 @@ impl GemmCall {
         }
     }
 
-    /// The call as `gemm::gemm` makes it on a CPU whose best kernels are
-    /// AVX2's: the same transposition (gemm prefers a column-major
-    /// destination), then gemm's generic driver with its AVX2 kernels.
-    ///
-    /// # Safety
-    /// As for [`GemmCall::run`].
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn run_avx2(
-        &self,
-        simd: gemm_common::simd::V3,
-        dst: *mut f32,
-        lhs: *const f32,
-        rhs: *const f32,
-    ) {
-        use gemm_f32::microkernel::fma::f32::{H_M, H_N, H_UKR, MR_DIV_N, NR, UKR};
-        /// f32 lanes of an AVX2 register.
-        const LANES_AVX2: usize = 8;
-        let (dst_cs, dst_rs) = (1, self.n as isize);
-        let transpose = dst_cs < dst_rs;
-        let (m, n, dst_cs, dst_rs, lhs, lhs_cs, lhs_rs, rhs, rhs_cs, rhs_rs) = if transpose {
-            let (n, m) = (self.m, self.n);
-            (
-                m,
-                n,
-                dst_rs,
-                dst_cs,
-                rhs,
-                self.rhs_rs,
-                self.rhs_cs,
-                lhs,
-                self.lhs_rs,
-                self.lhs_cs,
-            )
+    /// The destination's column and row strides.
+    fn dst_strides(&self) -> (isize, isize) {
+        if self.dst_col_major {
+            (self.m as isize, 1)
         } else {
-            let (m, n) = (self.m, self.n);
-            (
-                m,
-                n,
-                dst_cs,
-                dst_rs,
-                lhs,
-                self.lhs_cs,
-                self.lhs_rs,
-                rhs,
-                self.rhs_cs,
-                self.rhs_rs,
-            )
-        };
-        // SAFETY: as for `run`.
-        unsafe {
-            gemm_common::gemm::gemm_basic_generic::<
-                _,
-                f32,
-                LANES_AVX2,
-                { MR_DIV_N * LANES_AVX2 },
-                NR,
-                MR_DIV_N,
-                H_M,
-                H_N,
-            >(
-                simd,
-                m,
-                n,
-                self.k,
-                dst,
-                dst_cs,
-                dst_rs,
-                self.read_dst,
-                lhs,
-                lhs_cs,
-                lhs_rs,
-                rhs,
-                rhs_cs,
-                rhs_rs,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                |a, b, c| a * b + c,
-                &UKR,
-                &H_UKR,
-                false,
-                self.parallelism,
-            );
+            (1, self.n as isize)
         }
+    }
+
+    /// The call at these pointers as gemm's driver sees it: transposed
+    /// where the destination's columns are closer together than its rows
+    /// (gemm makes the destination column-major first).
+    fn frame(&self, dst: *mut f32, lhs: *const f32, rhs: *const f32) -> order::Frame {
+        let (dst_cs, dst_rs) = self.dst_strides();
+        let call = order::Frame {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            read_dst: self.read_dst,
+            dst,
+            dst_cs,
+            dst_rs,
+            lhs,
+            lhs_cs: self.lhs_cs,
+            lhs_rs: self.lhs_rs,
+            rhs,
+            rhs_cs: self.rhs_cs,
+            rhs_rs: self.rhs_rs,
+        };
+        if dst_cs.abs() < dst_rs.abs() {
+            order::Frame {
+                m: call.n,
+                n: call.m,
+                dst_cs: call.dst_rs,
+                dst_rs: call.dst_cs,
+                lhs: call.rhs,
+                lhs_cs: call.rhs_rs,
+                lhs_rs: call.rhs_cs,
+                rhs: call.lhs,
+                rhs_cs: call.lhs_rs,
+                rhs_rs: call.lhs_cs,
+                ..call
+            }
+        } else {
+            call
+        }
+    }
+}
+
+/// `frame` through gemm's generic driver with its AVX2 kernels, as
+/// `gemm::gemm` runs it on a CPU whose best kernels are AVX2's.
+///
+/// # Safety
+/// As for [`GemmCall::run`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn run_avx2(simd: gemm_common::simd::V3, f: &order::Frame, parallelism: gemm::Parallelism) {
+    use gemm_f32::microkernel::fma::f32::{H_M, H_N, H_UKR, MR_DIV_N, NR, UKR};
+    /// f32 lanes of an AVX2 register.
+    const LANES_AVX2: usize = 8;
+    // SAFETY: as for `run`.
+    unsafe {
+        gemm_common::gemm::gemm_basic_generic::<
+            _,
+            f32,
+            LANES_AVX2,
+            { MR_DIV_N * LANES_AVX2 },
+            NR,
+            MR_DIV_N,
+            H_M,
+            H_N,
+        >(
+            simd,
+            f.m,
+            f.n,
+            f.k,
+            f.dst,
+            f.dst_cs,
+            f.dst_rs,
+            f.read_dst,
+            f.lhs,
+            f.lhs_cs,
+            f.lhs_rs,
+            f.rhs,
+            f.rhs_cs,
+            f.rhs_rs,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            |a, b, c| a * b + c,
+            &UKR,
+            &H_UKR,
+            false,
+            parallelism,
+        );
     }
 }
 
@@ -675,7 +688,8 @@ mod tests {
     use proptest::prelude::*;
 
     /// Which of gemm's kernels (x86-64 with FMA, gemm 0.19, at AVX2's width)
-    /// reduces a product of shape `m x k @ k x n`.
+    /// reduces a product of shape `m x k @ k x n`: the contract's order,
+    /// which other CPUs follow through `order.rs`.
     #[derive(Clone, Copy)]
     enum Path {
         /// The packed kernel: one FMA chain along `k` from zero, added to the
@@ -694,6 +708,12 @@ mod tests {
         /// order, the last terms chained on; `out + sum` after the first slice.
         /// A slice of at most two terms goes to `gevv`, as for `Packed`.
         RowVector,
+        /// One output row times a row-major rhs, or one output column of a
+        /// column-major lhs (gemm's column-major matrix-vector kernel): one
+        /// chain per output, its first term a rounded product, then fused
+        /// multiply-adds, continuing from the output after the first slice.
+        /// A slice of at most two terms goes to `gevv`, as for `Packed`.
+        ColumnChain,
     }
 
     /// [`Path::RowVector`]'s dot product of one slice.
@@ -740,7 +760,7 @@ mod tests {
                 for start in (0..k).step_by(GEMM_MAX_K) {
                     let slice = start..k.min(start + GEMM_MAX_K);
                     total = match path {
-                        Path::Packed | Path::RowVector if slice.len() <= 2 => {
+                        Path::Packed | Path::RowVector | Path::ColumnChain if slice.len() <= 2 => {
                             let mut terms = slice.map(|p| term(p).0 * term(p).1);
                             let first = terms.next().expect("a slice is never empty");
                             let acc = if start == 0 { first } else { first + total };
@@ -755,6 +775,16 @@ mod tests {
                             } else {
                                 total + chain
                             }
+                        }
+                        Path::ColumnChain => {
+                            let mut terms = slice.map(term);
+                            let (x, y) = terms.next().expect("a slice is never empty");
+                            let first = if start == 0 {
+                                x * y
+                            } else {
+                                x.mul_add(y, total)
+                            };
+                            terms.fold(first, |acc, (x, y)| x.mul_add(y, acc))
                         }
                         Path::RowVector => {
                             let terms: Vec<(f32, f32)> = slice.map(term).collect();
@@ -904,6 +934,105 @@ mod tests {
             let got = crate::matmul(t(a, [m, k]), column_major(b, k, n));
             prop_assert_eq!(bits(got), want);
         }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// One output row times a row-major rhs (`x W`, one token), or one
+        /// output column of a column-major lhs (`gradᵀ g`): gemm's
+        /// column-major matrix-vector kernel, fused on x86-64 and unfused
+        /// on ARM, so `order.rs` there. At most eight columns of one row go
+        /// to the narrow kernel: the packed order.
+        #[test]
+        fn a_one_sided_product_is_the_column_chain_reference(
+            long in prop_oneof![2usize..40, 200usize..600],
+            k in prop_oneof![1usize..200, 500usize..1100],
+            row in proptest::bool::ANY,
+            seed in 0u64..1000
+        ) {
+            let (m, n) = if row { (1, long) } else { (long, 1) };
+            let (a, b) = (seeded(&[m, k], seed), seeded(&[k, n], seed + 1));
+            let bits_of = |v: Vec<f32>| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            let path = if row && n <= narrow::MAX_COLUMNS { Path::Packed } else { Path::ColumnChain };
+            let want = bits_of(reference_on(path, &a, &b, m, k, n));
+            let lhs = if row { t(a, [m, k]) } else { column_major(a, m, k) };
+            let got = crate::matmul(lhs, t(b, [k, n]));
+            prop_assert_eq!(bits(got), want);
+        }
+    }
+
+    /// On x86-64, `order.rs`'s written order is gemm's own, call for call:
+    /// every layout of one gemm call (each factor row- or column-major, the
+    /// output row- or column-major, read or not) over shapes that reach each
+    /// kernel it writes out. (Elsewhere `GemmCall::run` is `order.rs` for
+    /// those calls, and the references above check it.)
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_written_order_is_gemms_on_x86_64() {
+        use super::order::{reduce, Kernel};
+        let mut reached = std::collections::BTreeSet::new();
+        let sides = [1usize, 2, 3, 17, 300];
+        let grid = sides.iter().flat_map(|&m| {
+            let ks = [3, 9, 64, 71, 200, 512];
+            sides.iter().flat_map(move |&n| ks.map(|k| (m, n, k)))
+        });
+        for (m, n, k) in grid {
+            let (a, b) = (
+                seeded(&[m * k], (m * n + k) as u64),
+                seeded(&[k * n], k as u64),
+            );
+            let init = seeded(&[m * n], 3);
+            for layout in 0..16u8 {
+                let [lhs_row, rhs_row, dst_row, read_dst] =
+                    [1, 2, 4, 8].map(|bit| layout & bit != 0);
+                let (lhs_cs, lhs_rs) = if lhs_row {
+                    (1, k as isize)
+                } else {
+                    (m as isize, 1)
+                };
+                let (rhs_cs, rhs_rs) = if rhs_row {
+                    (1, n as isize)
+                } else {
+                    (k as isize, 1)
+                };
+                let call = GemmCall {
+                    m,
+                    n,
+                    k,
+                    read_dst,
+                    lhs_cs,
+                    lhs_rs,
+                    rhs_cs,
+                    rhs_rs,
+                    parallelism: gemm::Parallelism::None,
+                    dst_col_major: !dst_row,
+                };
+                if call.lane_split() && !dst_row {
+                    continue; // never made: lane-split calls write row-major
+                }
+                let (mut by_gemm, mut written) = (init.clone(), init.clone());
+                // SAFETY: every buffer holds its matrix in the strides given.
+                unsafe { call.run(by_gemm.as_mut_ptr(), a.as_ptr(), b.as_ptr()) };
+                let frame = call.frame(written.as_mut_ptr(), a.as_ptr(), b.as_ptr());
+                // SAFETY: as above.
+                if unsafe { reduce(&frame) } {
+                    reached.insert(format!("{:?}", Kernel::of(&frame)));
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&written), bits(&by_gemm), "{call:?}");
+                }
+            }
+        }
+        let kernels: Vec<&str> = reached.iter().map(String::as_str).collect();
+        assert_eq!(
+            kernels,
+            [
+                "ColumnChain { transposed: false }",
+                "ColumnChain { transposed: true }",
+                "Horizontal",
+                "RowVector"
+            ]
+        );
     }
 
     /// A tall, narrow product whose left factor's columns are 4 KiB apart

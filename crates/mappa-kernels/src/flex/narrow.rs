@@ -29,8 +29,11 @@ const ROWS_PER_TASK: usize = 64;
 /// At least this many multiply-adds (`m * n * k`) use threads.
 const PARALLEL_OPS: usize = 1 << 19;
 
-/// Whether this CPU runs the kernel (AVX2 and FMA); elsewhere callers keep
-/// to gemm, which gives the same bits.
+/// Whether this CPU runs the kernel: on x86-64 where it has AVX2 and FMA
+/// (elsewhere callers keep to gemm, which gives the same bits there), and
+/// on every other architecture, whose fused multiply-add is part of the
+/// base instruction set (NEON's `fmla` on 64-bit ARM), and where gemm would
+/// give a one-row product to a kernel of another order (see `order.rs`).
 pub(super) fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -38,7 +41,7 @@ pub(super) fn available() -> bool {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        true
     }
 }
 
@@ -135,10 +138,13 @@ fn block(
                 }
             }
         } else {
+            let next = next.map(|row| &row[start..start + len]);
+            #[cfg(target_arch = "x86_64")]
             // SAFETY: `available()` was checked by `matmul`; every row
             // slice and `terms` hold `len` terms.
-            let next = next.map(|row| &row[start..start + len]);
             let chains = unsafe { avx2::chains(slice, next, terms, len) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let chains = portable::chains(slice, next, terms, len);
             for (total, chain) in total.iter_mut().zip(chains) {
                 for (t, c) in total.iter_mut().zip(chain) {
                     *t = if start == 0 { c } else { *t + c };
@@ -200,17 +206,34 @@ mod avx2 {
     }
 }
 
+/// The kernel in plain Rust, for CPUs whose fused multiply-add is in the
+/// base instruction set: the compiler keeps each row's eight chains in
+/// vector registers (two of NEON's four lanes each) and fuses nothing else.
 #[cfg(not(target_arch = "x86_64"))]
-mod avx2 {
+mod portable {
     use super::{BLOCK, MAX_COLUMNS};
 
-    /// Never called: [`super::available`] is false off x86-64.
-    pub(super) unsafe fn chains(
-        _: [&[f32]; BLOCK],
-        _: [&[f32]; BLOCK],
-        _: &[f32],
-        _: usize,
+    /// As `avx2::chains` on x86-64: for each of [`BLOCK`] rows, the eight
+    /// chains `fma(row[p], terms[p][j], acc)` over `p` in order from zero.
+    /// `next` is not prefetched here.
+    pub(super) fn chains(
+        rows: [&[f32]; BLOCK],
+        _next: [&[f32]; BLOCK],
+        terms: &[f32],
+        len: usize,
     ) -> [[f32; MAX_COLUMNS]; BLOCK] {
-        unreachable!("the narrow kernel needs AVX2")
+        let mut acc = [[0.0f32; MAX_COLUMNS]; BLOCK];
+        for (p, b) in terms[..len * MAX_COLUMNS]
+            .chunks_exact(MAX_COLUMNS)
+            .enumerate()
+        {
+            for (acc, row) in acc.iter_mut().zip(&rows) {
+                let x = row[p];
+                for (a, &b) in acc.iter_mut().zip(b) {
+                    *a = x.mul_add(b, *a);
+                }
+            }
+        }
+        acc
     }
 }
