@@ -37,10 +37,11 @@ check-expf:
 check-determinism:
     cargo test --locked -p mappa-tests --test determinism -- --nocapture
 
-# 64-bit ARM alone: every CPU crate's tests cross-built for aarch64 Linux and run under qemu-aarch64 (skipping what cannot run there: docs/reproducibility.md#64-bit-arm), then the determinism test's ARM variant. Needs `just arm-tools`.
+# 64-bit ARM alone: every CPU crate's tests cross-built for aarch64 Linux and run under qemu-aarch64, skipping what cannot run there (docs/reproducibility.md#64-bit-arm: the list and why), then the determinism test's ARM variant (about 25 minutes cold on 2 cores). Needs `just arm-tools`.
 check-arm:
     just arm-tools-present || (echo "check-arm: the aarch64 cross toolchain is missing: run just arm-tools" >&2; exit 1)
-    cargo test --locked --target {{arm_target}} --workspace --exclude mappa-tests -- --skip-list-placeholder
+    cargo test --locked --target {{arm_target}} --workspace --lib --bins
+    cargo test --locked --target {{arm_target}} -p mappa-agents -p mappa-credit -p mappa-env -p mappa-judge -p mappa-model -p mappa-train --test '*'
     MAPPA_DETERMINISM_AARCH64="$(just arm-determinism-exe)" cargo test --locked -p mappa-tests --test determinism -- --nocapture
 
 # Install the aarch64 cross toolchain: the Rust target, and (as root, with apt) Debian's cross C toolchain and qemu-user.

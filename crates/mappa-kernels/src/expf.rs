@@ -6,13 +6,14 @@
 //! used the C library's `expf`, to give the bits of burn's own `silu`) no
 //! longer depends on which C library or CPU variant of it runs, and so that
 //! it runs eight values per instruction where the CPU has AVX-512 (four
-//! with AVX2) instead of one call per value.
+//! with AVX2, two per register with NEON on 64-bit ARM) instead of one call
+//! per value.
 //!
 //! The multiply-adds are fused, as in the C library's FMA variant
 //! (`__expf_fma`, the one glibc picks on every CPU with FMA): on two of the
 //! four billion inputs the unfused variant differs in the last bit. The
-//! scalar code (`f64::mul_add`) and the AVX2 and AVX-512 code (`vfmadd`) do
-//! the same operations, so they give the same bits. `just check-expf` compares every
+//! scalar code (`f64::mul_add`) and the AVX2, AVX-512 and NEON code
+//! (`vfmadd`, `fmla`) do the same operations, so they give the same bits. `just check-expf` compares every
 //! f32 input with the C library's; the unit tests check a sample and pin a
 //! few values, so the port is checked even where another C library runs.
 //! Measured in `just bench-kernels` (`exp`).
@@ -142,6 +143,11 @@ pub fn exp_in_place(x: &mut [f32]) {
         unsafe { avx2::exp_in_place(x) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        neon::exp_in_place(x);
+    }
+    #[cfg(not(target_arch = "aarch64"))]
     for v in x {
         *v = exp(*v);
     }
@@ -165,6 +171,11 @@ pub fn libm_exp_in_place(x: &mut [f32]) {
         unsafe { avx2_libm::libm_exp_in_place(x) };
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    {
+        neon_libm::libm_exp_in_place(x);
+    }
+    #[cfg(not(target_arch = "aarch64"))]
     for v in x {
         *v = libm::expf(*v);
     }
@@ -211,6 +222,73 @@ mod avx2 {
                 let input: [f32; 4] = std::mem::transmute(v);
                 for (value, input) in chunk.iter_mut().zip(input) {
                     *value = exp(input);
+                }
+            }
+        }
+        for v in chunks.into_remainder() {
+            *v = exp(*v);
+        }
+    }
+}
+
+/// [`avx2`]'s steps on 64-bit ARM: four values as two NEON registers of
+/// two doubles, the multiply-adds fused (`fmla`), the table read one lane
+/// at a time (NEON has no gather). Each lane does the same operations, so
+/// the bits are the same.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::{exp, C0, C1, C2, INV_LN2_32, OVERFLOW, SHIFT, TABLE, UNDERFLOW};
+
+    /// Two values in double precision through [`exp`]'s steps; lanes
+    /// outside `[UNDERFLOW, OVERFLOW]` (or NaN) are left for the caller.
+    #[inline]
+    fn exp2(xd: float64x2_t) -> float64x2_t {
+        // SAFETY: NEON is part of aarch64's base instruction set; these
+        // intrinsics only compute on registers.
+        unsafe {
+            let (inv_ln2, shift) = (vdupq_n_f64(INV_LN2_32), vdupq_n_f64(SHIFT));
+            let rounded = vfmaq_f64(shift, inv_ln2, xd);
+            let k = vreinterpretq_u64_f64(rounded);
+            let r = vfmaq_f64(vnegq_f64(vsubq_f64(rounded, shift)), inv_ln2, xd);
+            let index = vandq_u64(k, vdupq_n_u64(31));
+            let entries = [
+                TABLE[vgetq_lane_u64::<0>(index) as usize],
+                TABLE[vgetq_lane_u64::<1>(index) as usize],
+            ];
+            let scale =
+                vreinterpretq_f64_u64(vaddq_u64(vld1q_u64(entries.as_ptr()), vshlq_n_u64::<47>(k)));
+            let p = vfmaq_f64(vdupq_n_f64(C1), vdupq_n_f64(C0), r);
+            let y = vfmaq_f64(vdupq_n_f64(1.0), vdupq_n_f64(C2), r);
+            let y = vfmaq_f64(y, p, vmulq_f64(r, r));
+            vmulq_f64(y, scale)
+        }
+    }
+
+    pub(super) fn exp_in_place(x: &mut [f32]) {
+        let mut chunks = x.chunks_exact_mut(4);
+        for chunk in &mut chunks {
+            // SAFETY: `chunk` holds four values; NEON is always present.
+            unsafe {
+                let v = vld1q_f32(chunk.as_ptr());
+                let low = exp2(vcvt_f64_f32(vget_low_f32(v)));
+                let high = exp2(vcvt_high_f64_f32(v));
+                vst1q_f32(
+                    chunk.as_mut_ptr(),
+                    vcvt_high_f32_f64(vcvt_f32_f64(low), high),
+                );
+                // Ordered comparisons: NaN lanes count as out of range.
+                let inside = vandq_u32(
+                    vcgeq_f32(v, vdupq_n_f32(UNDERFLOW)),
+                    vcleq_f32(v, vdupq_n_f32(OVERFLOW)),
+                );
+                if vminvq_u32(inside) != u32::MAX {
+                    // Some lane needs the special cases: redo all four.
+                    let input: [f32; 4] = std::mem::transmute(v);
+                    for (value, input) in chunk.iter_mut().zip(input) {
+                        *value = exp(input);
+                    }
                 }
             }
         }
@@ -276,7 +354,7 @@ mod avx512 {
 
 /// The `libm` crate's `expf` constants (FreeBSD's `e_expf.c`), for the
 /// vectorised paths.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod freebsd {
     pub(super) const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
     pub(super) const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
@@ -398,6 +476,89 @@ mod avx2_libm {
                 };
             }
         }
+    }
+}
+
+/// [`avx2_libm`]'s steps on four lanes of a NEON register (64-bit ARM),
+/// unfused: each lane does the same operations, so the bits are the same.
+#[cfg(target_arch = "aarch64")]
+mod neon_libm {
+    use std::arch::aarch64::*;
+
+    use super::freebsd::{INV_LN2, LN2_HI, LN2_LO, P1, P2};
+
+    /// Four lanes of `libm::expf`'s common path, as `avx2_libm::exp8`
+    /// covers it. Returns the values and a mask of the lanes (bit `i` for
+    /// lane `i`) that it did not cover.
+    #[inline]
+    fn exp4(x: float32x4_t) -> (float32x4_t, u32) {
+        // SAFETY: NEON is part of aarch64's base instruction set; these
+        // intrinsics only compute on registers.
+        unsafe {
+            let bits = vreinterpretq_s32_f32(x);
+            let abs = vandq_s32(bits, vdupq_n_s32(0x7fff_ffff));
+            let negative = vcltq_s32(bits, vdupq_n_s32(0)); // all ones where the sign is set
+            let above = |t: i32| vcgtq_s32(abs, vdupq_n_s32(t));
+            // k: round(x / ln 2) above 1.5 ln 2, +-1 above 0.5 ln 2, else 0.
+            let half = vbslq_f32(negative, vdupq_n_f32(-0.5), vdupq_n_f32(0.5));
+            let k_far = vcvtq_s32_f32(vaddq_f32(vmulq_f32(vdupq_n_f32(INV_LN2), x), half));
+            let k_near = vbslq_s32(negative, vdupq_n_s32(-1), vdupq_n_s32(1));
+            let k_near = vandq_s32(k_near, vreinterpretq_s32_u32(above(0x3eb1_7218)));
+            let k = vbslq_s32(above(0x3f85_1592), k_far, k_near);
+            let kf = vcvtq_f32_s32(k);
+            let hi = vsubq_f32(x, vmulq_f32(kf, vdupq_n_f32(LN2_HI)));
+            let lo = vmulq_f32(kf, vdupq_n_f32(LN2_LO));
+            let r = vsubq_f32(hi, lo);
+            let rr = vmulq_f32(r, r);
+            let c = vsubq_f32(
+                r,
+                vmulq_f32(
+                    rr,
+                    vaddq_f32(vdupq_n_f32(P1), vmulq_f32(rr, vdupq_n_f32(P2))),
+                ),
+            );
+            let quotient = vdivq_f32(vmulq_f32(r, c), vsubq_f32(vdupq_n_f32(2.0), c));
+            let y = vaddq_f32(vdupq_n_f32(1.0), vaddq_f32(vsubq_f32(quotient, lo), hi));
+            // 2^k as a float (k within the normal exponents in the covered range).
+            let scale = vreinterpretq_f32_s32(vshlq_n_s32::<23>(vaddq_s32(k, vdupq_n_s32(127))));
+            let out = vmulq_f32(y, scale);
+            // Below -103.97 (and -inf, not NaN): +0.
+            let underflow = vandq_u32(
+                vandq_u32(vmvnq_u32(above(0x7f80_0000)), above(0x42cf_f1b4)),
+                negative,
+            );
+            let out = vbslq_f32(underflow, vdupq_n_f32(0.0), out);
+            // |x| up to 2^-13 (zeros included): `1 + x`.
+            let small = vmvnq_u32(above(0x3900_0000));
+            let out = vbslq_f32(small, vaddq_f32(vdupq_n_f32(1.0), x), out);
+            // Covered: |x| in (2^-13, 86.6] (k >= -125), the underflow, or small.
+            let inside = vandq_u32(above(0x3900_0000), vmvnq_u32(above(0x42ad_3333)));
+            let covered = vorrq_u32(vorrq_u32(inside, underflow), small);
+            let lanes: [u32; 4] = std::mem::transmute(covered);
+            let uncovered = (0..4).filter(|&i| lanes[i] == 0).fold(0, |m, i| m | 1 << i);
+            (out, uncovered)
+        }
+    }
+
+    /// Four values at a time through [`exp4`], the lanes it does not cover
+    /// through `libm::expf`; the last few padded to a full register.
+    pub(super) fn libm_exp_in_place(x: &mut [f32]) {
+        let mut run = |chunk: &mut [f32]| {
+            let mut lanes = [0.0f32; 4];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            // SAFETY: `lanes` holds four values; NEON is always present.
+            let (out, uncovered) = exp4(unsafe { vld1q_f32(lanes.as_ptr()) });
+            // SAFETY: float32x4_t and [f32; 4] have the same size.
+            let out: [f32; 4] = unsafe { std::mem::transmute(out) };
+            for (lane, value) in chunk.iter_mut().enumerate() {
+                *value = if uncovered & (1 << lane) != 0 {
+                    libm::expf(lanes[lane])
+                } else {
+                    out[lane]
+                };
+            }
+        };
+        x.chunks_mut(4).for_each(&mut run);
     }
 }
 
@@ -622,9 +783,14 @@ mod tests {
 
     /// [`exp_in_place`] and each vectorised path this CPU can run, by name
     /// (the dispatched one takes only the widest).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))] // pushed to on x86-64 only
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_mut)
+    )] // pushed to on x86-64 and 64-bit ARM only
     fn exp_paths() -> Vec<Path> {
         let mut paths: Vec<Path> = vec![("dispatched", exp_in_place)];
+        #[cfg(target_arch = "aarch64")]
+        paths.push(("neon", neon::exp_in_place));
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
@@ -641,9 +807,14 @@ mod tests {
     }
 
     /// [`libm_exp_in_place`] and each vectorised path this CPU can run.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))] // pushed to on x86-64 only
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(unused_mut)
+    )] // pushed to on x86-64 and 64-bit ARM only
     fn libm_exp_paths() -> Vec<Path> {
         let mut paths: Vec<Path> = vec![("dispatched", libm_exp_in_place)];
+        #[cfg(target_arch = "aarch64")]
+        paths.push(("neon", neon_libm::libm_exp_in_place));
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;

@@ -4,7 +4,8 @@
 //! - **Matrix products** go to the `gemm` crate in calls of at most
 //!   [`GEMM_MAX_K`] terms, each through a kernel that its shapes and strides
 //!   choose, so that a product has the same bits on every x86-64 CPU with
-//!   AVX2 and FMA (`matmul.rs`). A transposed weight's gradient is computed
+//!   AVX2 and FMA (`matmul.rs`) and, where gemm's ARM kernels would sum in
+//!   another order, x86-64's order written out (`order.rs`) on 64-bit ARM. A transposed weight's gradient is computed
 //!   in the weight's own layout where that is the same packed product with
 //!   its factors swapped ([`ModelBackend::matmul_rhs_grad`]).
 //! - **Token log-probabilities** (the cross-entropy over the logits) read
@@ -31,8 +32,9 @@
 //! Rows are spread over rayon's threads; each row is computed by one thread
 //! from start to end, so the thread count changes nothing.
 
-/// `fn name(args) body`, compiled twice: for AVX2, run where the CPU has
-/// it, and for the baseline (SSE2). The target feature only widens the
+/// `fn name(args) body`, compiled twice on x86-64: for AVX2, run where the
+/// CPU has it, and for the baseline (SSE2); once elsewhere (on 64-bit ARM
+/// the baseline already has NEON's 128-bit registers). The target feature only widens the
 /// registers the loops run in: nothing is fused (FMA is not enabled) and
 /// nothing is reordered, so both copies give the same bits. What the body
 /// calls is widened with it only if inlined: the helpers it uses here are

@@ -3,7 +3,8 @@
 //! coach cache (`--coach replay`) on a machine that differs.
 //!
 //! On the CPU backend mappa's kernels give the same bits on every x86-64 CPU
-//! with AVX2 and FMA, at any thread count (README, "Reproducibility"); the
+//! with AVX2 and FMA and on 64-bit ARM Linux, at any thread count
+//! (`docs/reproducibility.md`); the
 //! record says whether this machine is inside that contract, and names what
 //! changed when it is compared with another.
 
@@ -137,11 +138,27 @@ fn simd() -> (Vec<&'static str>, &'static str) {
     (features, contract)
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(target_arch = "aarch64")]
+fn simd() -> (Vec<&'static str>, &'static str) {
+    // NEON (and its fused multiply-add) is part of aarch64's base set.
+    let features = if std::arch::is_aarch64_feature_detected!("neon") {
+        vec!["neon"]
+    } else {
+        Vec::new()
+    };
+    let contract = if cfg!(target_os = "linux") {
+        "64-bit ARM (aarch64 Linux): bit-identical to every x86-64 CPU with AVX2 and FMA (checked under qemu-aarch64, not yet on ARM hardware)"
+    } else {
+        "64-bit ARM outside Linux (macOS): untested, so outside the contract (the same kernels as aarch64 Linux)"
+    };
+    (features, contract)
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn simd() -> (Vec<&'static str>, &'static str) {
     (
         Vec::new(),
-        "not x86-64: outside the contract (reproducible on the same machine kind only)",
+        "neither x86-64 nor 64-bit ARM: outside the contract (reproducible on the same machine kind only)",
     )
 }
 
@@ -203,7 +220,7 @@ mod tests {
         let other = Machine {
             cpu_model: Some("AMD EPYC 9R14".into()),
             threads: Some(64),
-            bit_identity_contract: Some("not x86-64: outside the contract".into()),
+            bit_identity_contract: Some("RISC-V: outside the contract".into()),
             ..here.clone()
         };
         let w = warning("this run was started", &other, &here).unwrap();

@@ -125,9 +125,21 @@ fn namespace_flags(python: &Path, root: bool) -> Option<libc::c_int> {
     })
 }
 
+/// The kernel's Landlock ABI, asked once per process; where there is none
+/// (an old or configured-out kernel, or an emulator such as `qemu-aarch64`
+/// that does not pass Landlock's system calls through) the sandbox says so
+/// on stderr, once, and every run's `isolation` reports it.
 fn landlock_abi() -> Option<u32> {
     static ABI: OnceLock<Option<u32>> = OnceLock::new();
-    *ABI.get_or_init(landlock::abi_version)
+    *ABI.get_or_init(|| {
+        let abi = landlock::abi_version();
+        if abi.is_none() {
+            eprintln!(
+                "warning: sandbox: Landlock is unavailable on this kernel (or emulator): agent code runs without it, so its writes are not confined to its working directory and TCP is blocked only by a network namespace where one can be made (each run's `isolation` says which)"
+            );
+        }
+        abi
+    })
 }
 
 /// A system call's result (an `int` or, from `syscall`, a `long`) as an

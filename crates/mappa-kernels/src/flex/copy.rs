@@ -112,7 +112,7 @@ pub(super) fn transpose(
     );
     let bands = (ELEMENTS_PER_TASK / (TILE * out_stride).max(1)).max(1);
     let chunk = bands * TILE * out_stride;
-    let simd = avx::available();
+    let simd = blocks::available();
     let fill = |first: usize, out: &mut [std::mem::MaybeUninit<f32>]| {
         let (row_0, band_rows) = (first / out_stride, out.len() / out_stride);
         for col_0 in (0..cols).step_by(TILE) {
@@ -123,12 +123,12 @@ pub(super) fn transpose(
                     for (dr, dc) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
                         let from = (col_0 + dc) * stride + row_0 + r + dr;
                         let to = (r + dr) * out_stride + col_0 + dc;
-                        // SAFETY: AVX is available; the block's 8 source
+                        // SAFETY: the kernel is available; the block's 8 source
                         // runs of 8 (columns `col_0 + dc ..`, rows from
                         // `row_0 + r + dr`) lie within `src`, and its 8
                         // destination runs within this band's `out`.
                         unsafe {
-                            avx::transpose_8x8(&src[from..], stride, &mut out[to..], out_stride)
+                            blocks::transpose_8x8(&src[from..], stride, &mut out[to..], out_stride)
                         };
                     }
                     continue;
@@ -150,72 +150,126 @@ pub(super) fn transpose(
     unsafe { fresh::written(rows * out_stride, chunk, fill) }
 }
 
-/// An 8 x 8 block transposed in AVX registers, for the tiles of
-/// [`transpose`]: the values moved, no arithmetic.
-mod avx {
-    use std::mem::MaybeUninit;
+/// An 8 x 8 block transposed in vector registers, for the tiles of
+/// [`transpose`]: AVX on x86-64, NEON on 64-bit ARM. The values are moved,
+/// with no arithmetic, so the bits are the scalar copy's.
+mod blocks {
+    #[cfg(target_arch = "x86_64")]
+    pub(super) use avx::transpose_8x8;
+    #[cfg(target_arch = "aarch64")]
+    pub(super) use neon::transpose_8x8;
 
-    /// Whether this CPU has AVX.
+    /// Whether this CPU has the registers: AVX on x86-64; NEON, part of
+    /// 64-bit ARM's base instruction set.
     pub(super) fn available() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             std::is_x86_feature_detected!("avx")
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            true
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             false
         }
     }
 
-    /// `dst[i * dst_stride + j] = src[j * src_stride + i]` for `i, j < 8`.
-    ///
-    /// # Safety
-    /// The CPU has AVX ([`available`]); `src` holds `7 * src_stride + 8`
-    /// values and `dst` `7 * dst_stride + 8`.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx")]
-    pub(super) unsafe fn transpose_8x8(
-        src: &[f32],
-        src_stride: usize,
-        dst: &mut [MaybeUninit<f32>],
-        dst_stride: usize,
-    ) {
-        use std::arch::x86_64::*;
-        assert!(src.len() >= 7 * src_stride + 8 && dst.len() >= 7 * dst_stride + 8);
-        let (src, dst) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
-        // SAFETY: every run of 8 is within the slices (asserted above).
-        unsafe {
-            let v: [__m256; 8] = std::array::from_fn(|j| _mm256_loadu_ps(src.add(j * src_stride)));
-            // Pairs of rows interleaved, then pairs of pairs, then halves.
-            let t: [__m256; 8] = std::array::from_fn(|i| {
-                let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
-                if i % 2 == 0 {
-                    _mm256_unpacklo_ps(a, b)
-                } else {
-                    _mm256_unpackhi_ps(a, b)
+    mod avx {
+        use std::mem::MaybeUninit;
+
+        /// `dst[i * dst_stride + j] = src[j * src_stride + i]` for `i, j < 8`.
+        ///
+        /// # Safety
+        /// The CPU has AVX ([`super::available`]); `src` holds
+        /// `7 * src_stride + 8` values and `dst` `7 * dst_stride + 8`.
+        #[target_feature(enable = "avx")]
+        pub(in super::super) unsafe fn transpose_8x8(
+            src: &[f32],
+            src_stride: usize,
+            dst: &mut [MaybeUninit<f32>],
+            dst_stride: usize,
+        ) {
+            use std::arch::x86_64::*;
+            assert!(src.len() >= 7 * src_stride + 8 && dst.len() >= 7 * dst_stride + 8);
+            let (src, dst) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
+            // SAFETY: every run of 8 is within the slices (asserted above).
+            unsafe {
+                let v: [__m256; 8] =
+                    std::array::from_fn(|j| _mm256_loadu_ps(src.add(j * src_stride)));
+                // Pairs of rows interleaved, then pairs of pairs, then halves.
+                let t: [__m256; 8] = std::array::from_fn(|i| {
+                    let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+                    if i % 2 == 0 {
+                        _mm256_unpacklo_ps(a, b)
+                    } else {
+                        _mm256_unpackhi_ps(a, b)
+                    }
+                });
+                let s: [__m256; 8] = std::array::from_fn(|i| {
+                    let (a, b) = (t[i / 4 * 4 + i % 4 / 2], t[i / 4 * 4 + i % 4 / 2 + 2]);
+                    if i % 2 == 0 {
+                        _mm256_shuffle_ps::<0x44>(a, b)
+                    } else {
+                        _mm256_shuffle_ps::<0xEE>(a, b)
+                    }
+                });
+                for i in 0..4 {
+                    let low = _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4]);
+                    let high = _mm256_permute2f128_ps::<0x31>(s[i], s[i + 4]);
+                    _mm256_storeu_ps(dst.add(i * dst_stride), low);
+                    _mm256_storeu_ps(dst.add((i + 4) * dst_stride), high);
                 }
-            });
-            let s: [__m256; 8] = std::array::from_fn(|i| {
-                let (a, b) = (t[i / 4 * 4 + i % 4 / 2], t[i / 4 * 4 + i % 4 / 2 + 2]);
-                if i % 2 == 0 {
-                    _mm256_shuffle_ps::<0x44>(a, b)
-                } else {
-                    _mm256_shuffle_ps::<0xEE>(a, b)
-                }
-            });
-            for i in 0..4 {
-                let low = _mm256_permute2f128_ps::<0x20>(s[i], s[i + 4]);
-                let high = _mm256_permute2f128_ps::<0x31>(s[i], s[i + 4]);
-                _mm256_storeu_ps(dst.add(i * dst_stride), low);
-                _mm256_storeu_ps(dst.add((i + 4) * dst_stride), high);
             }
         }
     }
 
-    /// Never called: [`available`] is false off x86-64.
-    #[cfg(not(target_arch = "x86_64"))]
-    pub(super) unsafe fn transpose_8x8(_: &[f32], _: usize, _: &mut [MaybeUninit<f32>], _: usize) {
-        unreachable!("the AVX transpose needs x86-64")
+    #[cfg(target_arch = "aarch64")]
+    mod neon {
+        use std::arch::aarch64::*;
+        use std::mem::MaybeUninit;
+
+        /// `dst[i * dst_stride + j] = src[j * src_stride + i]` for `i, j < 8`,
+        /// as four 4 x 4 blocks, each transposed in four NEON registers.
+        ///
+        /// # Safety
+        /// `src` holds `7 * src_stride + 8` values and `dst`
+        /// `7 * dst_stride + 8`.
+        pub(in super::super) unsafe fn transpose_8x8(
+            src: &[f32],
+            src_stride: usize,
+            dst: &mut [MaybeUninit<f32>],
+            dst_stride: usize,
+        ) {
+            assert!(src.len() >= 7 * src_stride + 8 && dst.len() >= 7 * dst_stride + 8);
+            let (src, dst) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
+            for (bj, bi) in [(0, 0), (0, 4), (4, 0), (4, 4)] {
+                // SAFETY: every run of 4 is within the slices (asserted
+                // above); NEON is part of aarch64's base set.
+                unsafe {
+                    let r: [float32x4_t; 4] =
+                        std::array::from_fn(|j| vld1q_f32(src.add((bj + j) * src_stride + bi)));
+                    // Pairs of rows interleaved, then pairs of pairs.
+                    let (t0, t1) = (vtrn1q_f32(r[0], r[1]), vtrn2q_f32(r[0], r[1]));
+                    let (t2, t3) = (vtrn1q_f32(r[2], r[3]), vtrn2q_f32(r[2], r[3]));
+                    let wide = |v: float32x4_t| vreinterpretq_f64_f32(v);
+                    let columns = [
+                        vtrn1q_f64(wide(t0), wide(t2)),
+                        vtrn1q_f64(wide(t1), wide(t3)),
+                        vtrn2q_f64(wide(t0), wide(t2)),
+                        vtrn2q_f64(wide(t1), wide(t3)),
+                    ];
+                    for (i, column) in columns.into_iter().enumerate() {
+                        vst1q_f32(
+                            dst.add((bi + i) * dst_stride + bj),
+                            vreinterpretq_f32_f64(column),
+                        );
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -18,6 +18,12 @@
 //! columns, or a weight gradient's 512-term slices, whose partial products
 //! are added in the same order either way ([`split_reduction`]).
 //!
+//! On 64-bit ARM gemm's NEON module has the packed kernels' order (one
+//! `fmla` chain per output), but no horizontal kernels, and it drives its
+//! matrix-vector kernels with one unfused lane; those calls follow x86-64's
+//! order as `order.rs` writes it out, so a product has the same bits there
+//! too (`tests/determinism.rs`' ARM variant).
+//!
 //! Products with at most eight output columns that gemm would pack (`W xᵀ`
 //! in decoding) run a kernel of their own with the packed kernels' bits
 //! (`narrow.rs`). A transposed right factor (`x Wᵀ`) of at most

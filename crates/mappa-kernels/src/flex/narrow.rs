@@ -3,7 +3,8 @@
 //! the few token rows of `x`. gemm packs the whole of `W` for every such
 //! call and then runs a kernel sized for wide outputs; here `W` is read
 //! once, in place, eight rows at a time, against `xᵀ` packed into one AVX2
-//! register per term (the eight columns).
+//! register per term (the eight columns; two NEON registers on 64-bit ARM,
+//! where the compiler vectorises the plain-Rust kernel).
 //!
 //! The bits are those of gemm's packed kernels ([`super::GEMM_MAX_K`]-term
 //! slices, each one chain of fused multiply-adds per output in the order of
