@@ -41,8 +41,11 @@ check-determinism:
 check-arm:
     just arm-tools-present || (echo "check-arm: the aarch64 cross toolchain is missing: run just arm-tools" >&2; exit 1)
     cargo test --locked --target {{arm_target}} --workspace --lib --bins
-    cargo test --locked --target {{arm_target}} -p mappa-agents -p mappa-credit -p mappa-env -p mappa-judge -p mappa-model -p mappa-train --test '*'
+    cargo test --locked --target {{arm_target}} -p mappa-agents -p mappa-credit -p mappa-env -p mappa-judge -p mappa-model -p mappa-train --test '*' -- {{arm_skips}}
     MAPPA_DETERMINISM_AARCH64="$(just arm-determinism-exe)" cargo test --locked -p mappa-tests --test determinism -- --nocapture
+
+# What `just check-arm` skips under emulation; why, for each: docs/reproducibility.md#64-bit-arm.
+arm_skips := "--skip ten_gigabyte_allocation_is_a_memory_error --skip concurrent_writers_in_threads_and_processes_lose_nothing --skip a_kill_9_mid_write_leaves_a_sound_cache --skip smol_matches_transformers_on_the_same_gguf"
 
 # Install the aarch64 cross toolchain: the Rust target, and (as root, with apt) Debian's cross C toolchain and qemu-user.
 arm-tools:

@@ -176,6 +176,14 @@ mod blocks {
         }
     }
 
+    /// Panics unless `src` and `dst` hold an 8 x 8 block at these strides.
+    fn check_block(src: usize, src_stride: usize, dst: usize, dst_stride: usize) {
+        assert!(
+            src >= 7 * src_stride + 8 && dst >= 7 * dst_stride + 8,
+            "an 8 x 8 block past its slices"
+        );
+    }
+
     #[cfg(target_arch = "x86_64")]
     mod avx {
         use std::mem::MaybeUninit;
@@ -193,7 +201,7 @@ mod blocks {
             dst_stride: usize,
         ) {
             use std::arch::x86_64::*;
-            assert!(src.len() >= 7 * src_stride + 8 && dst.len() >= 7 * dst_stride + 8);
+            super::check_block(src.len(), src_stride, dst.len(), dst_stride);
             let (src, dst) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
             // SAFETY: every run of 8 is within the slices (asserted above).
             unsafe {
@@ -243,7 +251,7 @@ mod blocks {
             dst: &mut [MaybeUninit<f32>],
             dst_stride: usize,
         ) {
-            assert!(src.len() >= 7 * src_stride + 8 && dst.len() >= 7 * dst_stride + 8);
+            super::check_block(src.len(), src_stride, dst.len(), dst_stride);
             let (src, dst) = (src.as_ptr(), dst.as_mut_ptr().cast::<f32>());
             for (bj, bi) in [(0, 0), (0, 4), (4, 0), (4, 4)] {
                 // SAFETY: every run of 4 is within the slices (asserted
