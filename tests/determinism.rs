@@ -12,9 +12,9 @@
 //! - an x86-64 CPU without AVX-512 (when `qemu-x86_64` is installed: the
 //!   child runs under qemu-user as a Haswell, AVX2 and FMA only);
 //! - 64-bit ARM (when [`AARCH64_EXE`] names this test cross-built for
-//!   `aarch64-unknown-linux-gnu`, as `just test` does where the cross
-//!   toolchain is installed: the child runs under `qemu-aarch64`). Its
-//!   digests are printed beside this machine's.
+//!   `aarch64-unknown-linux-gnu`, as `just check-determinism` and `just
+//!   check-arm` do where the cross toolchain is installed: the child runs
+//!   under `qemu-aarch64`). Its digests are printed beside this machine's.
 //!
 //! The same child also multiplies and sums through burn's own CPU kernels,
 //! which do depend on the machine: at least one variant must change those
@@ -41,7 +41,7 @@ type B = Autodiff<Cpu>;
 const CHILD: &str = "MAPPA_DETERMINISM_CHILD";
 
 /// The path of this test built for `aarch64-unknown-linux-gnu`, to run
-/// under `qemu-aarch64` as one more child (set by `just test`).
+/// under `qemu-aarch64` as one more child (set by `just check-determinism`).
 const AARCH64_EXE: &str = "MAPPA_DETERMINISM_AARCH64";
 
 /// Where Debian's cross toolchain keeps aarch64's C library, for qemu-user.
@@ -390,7 +390,7 @@ fn same_bits_on_other_cpus() {
 /// what is missing.
 fn aarch64_variant() -> Option<(String, Command)> {
     let Some(exe) = std::env::var_os(AARCH64_EXE) else {
-        eprintln!("note: {AARCH64_EXE} is not set: 64-bit ARM is not checked (`just test` sets it where the aarch64 cross toolchain is installed)");
+        eprintln!("note: {AARCH64_EXE} is not set: 64-bit ARM is not checked here (`just check-determinism` sets it where the aarch64 cross toolchain is installed)");
         return None;
     };
     let exe = PathBuf::from(exe);
