@@ -543,22 +543,39 @@ mod neon_libm {
     /// Four values at a time through [`exp4`], the lanes it does not cover
     /// through `libm::expf`; the last few padded to a full register.
     pub(super) fn libm_exp_in_place(x: &mut [f32]) {
-        let mut run = |chunk: &mut [f32]| {
+        let mut chunks = x.chunks_exact_mut(4);
+        for chunk in &mut chunks {
+            // SAFETY: `chunk` holds four values; NEON is always present.
+            let v = unsafe { vld1q_f32(chunk.as_ptr()) };
+            let (out, uncovered) = exp4(v);
+            // SAFETY: as above.
+            unsafe { vst1q_f32(chunk.as_mut_ptr(), out) };
+            if uncovered != 0 {
+                // SAFETY: float32x4_t and [f32; 4] have the same size.
+                let input: [f32; 4] = unsafe { std::mem::transmute(v) };
+                for (lane, value) in chunk.iter_mut().enumerate() {
+                    if uncovered & (1 << lane) != 0 {
+                        *value = libm::expf(input[lane]);
+                    }
+                }
+            }
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
             let mut lanes = [0.0f32; 4];
-            lanes[..chunk.len()].copy_from_slice(chunk);
+            lanes[..rest.len()].copy_from_slice(rest);
             // SAFETY: `lanes` holds four values; NEON is always present.
             let (out, uncovered) = exp4(unsafe { vld1q_f32(lanes.as_ptr()) });
             // SAFETY: float32x4_t and [f32; 4] have the same size.
             let out: [f32; 4] = unsafe { std::mem::transmute(out) };
-            for (lane, value) in chunk.iter_mut().enumerate() {
+            for (lane, value) in rest.iter_mut().enumerate() {
                 *value = if uncovered & (1 << lane) != 0 {
                     libm::expf(lanes[lane])
                 } else {
                     out[lane]
                 };
             }
-        };
-        x.chunks_mut(4).for_each(&mut run);
+        }
     }
 }
 
