@@ -16,13 +16,14 @@ arm_target := "aarch64-unknown-linux-gnu"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER := "aarch64-linux-gnu-gcc"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER := "qemu-aarch64 -L /usr/aarch64-linux-gnu"
 
-# The whole test suite (what CI runs): unit, property, parity and scenario tests on the CPU backend; where the aarch64 cross toolchain is installed (`just arm-tools`), also mappa-kernels' tests on 64-bit ARM under qemu-aarch64.
+# The whole test suite (what CI runs): unit, property, parity and scenario tests on the CPU backend; where the aarch64 cross toolchain is installed (`just arm-tools`), also mappa-kernels' and mappa-learner's tests on 64-bit ARM under qemu-aarch64, and the determinism test's ARM variant.
 test: setup-python
     #!/usr/bin/env bash
     set -euo pipefail
     if just arm-tools-present; then
-        echo "== mappa-kernels' tests on 64-bit ARM (aarch64 Linux, under qemu-aarch64)"
-        cargo test --locked --target {{arm_target}} -p mappa-kernels --lib
+        echo "== 64-bit ARM (aarch64 Linux, under qemu-aarch64): mappa-kernels' and mappa-learner's tests, and the determinism test's build"
+        export MAPPA_DETERMINISM_AARCH64="$(just arm-determinism-exe)"
+        cargo test --locked --target {{arm_target}} {{arm_ci_packages}} --lib
     else
         echo "note: the aarch64 cross toolchain is not installed (just arm-tools): 64-bit ARM is not checked"
     fi
@@ -32,7 +33,7 @@ test: setup-python
 check-expf:
     cargo test --release --locked -p mappa-kernels expf -- --include-ignored
 
-# The cross-CPU determinism check alone, with its report: other thread counts, cache geometries (as root), an AVX2-only CPU under qemu-user, and 64-bit ARM under qemu-aarch64 where `just arm-tools` installed the cross toolchain (about 6 minutes, and the ARM build: about 10 more cold).
+# The cross-CPU determinism check alone, with its report: other thread counts, cache geometries (as root), an AVX2-only CPU under qemu-user, and 64-bit ARM under qemu-aarch64 where `just arm-tools` installed the cross toolchain (about 6 minutes, and the ARM build: about 9 more cold).
 check-determinism:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -41,7 +42,7 @@ check-determinism:
     else
         echo "note: the aarch64 cross toolchain is not installed (just arm-tools): 64-bit ARM is not checked"
     fi
-    cargo test --locked -p mappa-tests --test determinism -- --nocapture
+    cargo test --locked -p mappa-learner --test determinism -- --nocapture
 
 # 64-bit ARM alone: every CPU crate's tests cross-built for aarch64 Linux and run under qemu-aarch64, skipping what cannot run there (docs/reproducibility.md#64-bit-arm: the list and why), then the determinism test's ARM variant (about 25 minutes cold on 2 cores). Needs `just arm-tools`.
 check-arm:
@@ -63,11 +64,14 @@ arm-tools:
 arm-tools-present:
     @rustup target list --installed | grep -qx {{arm_target}} && command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null
 
-# Cross-build the determinism test for aarch64 and print its path.
+# Cross-build the determinism test for aarch64 and print its path. The ARM tests `just test` runs are built with it, in one build (the same packages give the same features).
 [private]
 arm-determinism-exe:
-    @cargo test --locked --target {{arm_target}} -p mappa-tests --test determinism --no-run --message-format=json-render-diagnostics \
+    @cargo test --locked --target {{arm_target}} {{arm_ci_packages}} --lib --test determinism --no-run --message-format=json-render-diagnostics \
         | python3 -c 'import json, sys; print(*[m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "determinism" and m.get("executable")])'
+
+# The packages whose tests `just test` runs on emulated 64-bit ARM: the kernels, and the learner (which holds the determinism test).
+arm_ci_packages := "-p mappa-kernels -p mappa-learner"
 
 # Formatting and lints (CI runs this before the tests): rustfmt, and clippy with warnings (missing docs, unreachable `pub`, functions over 80 lines outside tests: clippy.toml) as errors.
 lint:

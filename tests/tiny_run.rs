@@ -18,7 +18,7 @@
 //! the role, turn, truncation, whether code ran and its tool status, the
 //! coach's score, the reward and the mean advantage; not the sampled text)
 //! and `tiny_run_lock` (the lock file without its volatile fields). Bit-exact
-//! equality across CPU kinds is `tests/determinism.rs`'s business.
+//! equality across CPU kinds is `crates/mappa-learner/tests/determinism.rs`'s business.
 //!
 //! `replay_from_the_coach_cache_needs_no_coach` runs the tiny-arith manifest
 //! (untrained random fixture models, whose actions are cut-off random bytes:
@@ -62,7 +62,7 @@ fn scratch() -> tempfile::TempDir {
 /// are rounding noise around 0, as in a normalised mean), absolute paths under the
 /// repository made relative. The snapshot pins what a reader checks (scores,
 /// rewards, losses, accuracies); bit-exactness is checked as equality
-/// between two runs here and, across CPU kinds, by `tests/determinism.rs`.
+/// between two runs here and, across CPU kinds, by `crates/mappa-learner/tests/determinism.rs`.
 fn stable(value: Value, root: &str) -> Value {
     match value {
         Value::Number(n) if n.is_f64() => {

@@ -1,14 +1,9 @@
 //! Training for mappa: one REINFORCE++ learner per agent, each with its own
 //! weights, frozen reference and optimiser (docs/METHOD.md section 5).
 //!
-//! - [`config`]: the learner's hyper-parameters (the paper's by default).
-//! - [`schedule`]: linear warm-up then cosine decay of the learning rate.
-//! - [`loss`]: PPO-clip with optional dual clip and KL-in-loss.
-//! - [`params`]: global gradient-norm clipping and parameter ids.
-//! - [`learner`]: [`AgentLearner`]: log-probs under policy and reference, and
-//!   one optimiser step in micro-batches.
-//! - [`data_parallel`]: an agent's micro-batches on several devices, their
-//!   gradients summed by burn's collective all-reduce.
+//! - The learner itself is `mappa-learner`'s, re-exported here under its
+//!   own module names: [`config`], [`schedule`], [`loss`], [`params`],
+//!   [`optim`], [`learner`] ([`AgentLearner`]) and [`data_parallel`].
 //! - [`policy`]: the burn model as a `mappa_agents::Policy`.
 //! - [`engine`]: rollouts by an inference engine (vLLM's API), with each
 //!   agent's LoRA adapter hot-loaded after every update.
@@ -17,8 +12,6 @@
 //! - [`manifest`]: experiment manifests, their resolution and lock file.
 //! - [`run`]: the training loop of a manifest, with evaluation, metrics,
 //!   checkpoints and exact resume.
-//! - [`optim`]: AdamW as burn computes it, one fused pass per parameter on
-//!   the CPU backend.
 //! - [`sft`]: supervised fine-tuning on demonstrations (warm starts).
 //! - [`warm_start`]: scripted-teacher demonstrations and SFT before RL, cached.
 //! - [`checkpoint`]: per-agent weights (HF safetensors), optimiser state,
@@ -31,31 +24,25 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
-pub mod config;
-pub mod data_parallel;
 pub mod engine;
 pub mod files;
-pub mod learner;
 pub mod lock;
-pub mod loss;
 pub mod machine;
 pub mod manifest;
 pub mod memory;
-pub mod optim;
-pub mod params;
 pub mod policy;
 pub mod progress;
 pub mod records;
 pub mod run;
-pub mod schedule;
 pub mod sft;
 pub mod step;
 pub mod tasks;
 pub mod warm_start;
 
-pub use config::TrainConfig;
-pub use learner::{AgentLearner, StepMetrics, TrainSample};
-pub use loss::LossConfig;
+pub use mappa_learner::{config, data_parallel, learner, loss, optim, params, schedule};
+pub use mappa_learner::{
+    AgentLearner, LearnerError, LossConfig, StepMetrics, TrainConfig, TrainSample,
+};
 pub use policy::ModelPolicy;
 pub use step::{build_samples, loss_config, RolloutAction, RolloutTrajectory};
 
@@ -65,6 +52,9 @@ pub enum TrainError {
     /// Bad hyper-parameters.
     #[error("training configuration: {0}")]
     Config(String),
+    /// A learner's update failed.
+    #[error(transparent)]
+    Learner(#[from] LearnerError),
     /// Inconsistent samples.
     #[error("training input: {0}")]
     Input(String),
@@ -112,10 +102,6 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
-    /// A data-parallel update failed while running (names the worker or
-    /// the collective operation).
-    #[error("data-parallel update: {0}")]
-    DataParallel(String),
     /// The inference engine of `[rollout.engine]` failed or refused.
     #[error("inference engine: {0}")]
     Engine(String),

@@ -230,3 +230,14 @@ pub fn build_samples<B: AutodiffModelBackend>(
         uniform_sets,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_loss_is_what_the_default_settings_give() {
+        let from_settings = loss_config(&TrainConfig::default(), &CreditConfig::default());
+        assert_eq!(LossConfig::default(), from_settings);
+    }
+}

@@ -22,7 +22,7 @@
 //! `fmla` chain per output), but no horizontal kernels, and it drives its
 //! matrix-vector kernels with one unfused lane; those calls follow x86-64's
 //! order as `order.rs` writes it out, so a product has the same bits there
-//! too (`tests/determinism.rs`' ARM variant).
+//! too (the determinism test's ARM variant, `crates/mappa-learner/tests/determinism.rs`).
 //!
 //! Products with at most eight output columns that gemm would pack (`W xᵀ`
 //! in decoding) run a kernel of their own with the packed kernels' bits

@@ -524,7 +524,7 @@ fn update<B: AutodiffModelBackend>(
     learners
         .iter_mut()
         .zip(samples)
-        .map(|(learner, samples)| learner.train_step(samples, loss))
+        .map(|(learner, samples)| Ok(learner.train_step(samples, loss)?))
         .collect()
 }
 

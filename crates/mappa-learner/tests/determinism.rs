@@ -30,10 +30,10 @@ use burn::prelude::*;
 use mappa_core::hash::sha256_hex;
 use mappa_core::rng::SeedTree;
 use mappa_credit::shaping::KlEstimator;
+use mappa_learner::{AgentLearner, LossConfig, TrainConfig, TrainSample};
 use mappa_model::backend::Cpu;
 use mappa_model::weights::hf_tensors;
 use mappa_model::{generate, Family, GenerationConfig, SamplingConfig, TransformerConfig};
-use mappa_train::{AgentLearner, LossConfig, TrainConfig, TrainSample};
 
 type B = Autodiff<Cpu>;
 

@@ -22,7 +22,7 @@ use crate::loss::{ppo_clip_loss, LossConfig, LossInputs};
 use crate::optim::FusedAdamW;
 use crate::params::clip_global_grad_norm;
 use crate::schedule::learning_rate;
-use crate::TrainError;
+use crate::LearnerError;
 
 /// One action, ready for the policy update.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -102,11 +102,11 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         name: impl Into<String>,
         policy: Transformer<B>,
         config: TrainConfig,
-    ) -> Result<Self, TrainError> {
+    ) -> Result<Self, LearnerError> {
         let name = name.into();
-        config.validate().map_err(TrainError::Config)?;
+        config.validate().map_err(LearnerError::Config)?;
         if policy.lora_config() != config.lora.as_ref().map(LoraConfig::canonical).as_ref() {
-            return Err(TrainError::Config(format!(
+            return Err(LearnerError::Config(format!(
                 "agent {name}: train.lora is {:?} but the policy's adapters are {:?} (add them with Transformer::with_lora)",
                 config.lora,
                 policy.lora_config()
@@ -146,7 +146,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
     /// Runs each update data-parallel on `devices` (the first holding the
     /// policy): micro-batches are spread over replicas and their gradients
     /// summed by burn's collective all-reduce ([`crate::data_parallel`]).
-    pub fn with_data_parallel(mut self, devices: Vec<B::Device>) -> Result<Self, TrainError> {
+    pub fn with_data_parallel(mut self, devices: Vec<B::Device>) -> Result<Self, LearnerError> {
         check_devices::<B>(&self.name, &self.policy().device(), &devices)?;
         self.data_parallel = devices;
         Ok(self)
@@ -182,7 +182,9 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         self.step
     }
 
-    pub(crate) fn parts_mut(
+    /// The policy, the optimiser and the step count, to be overwritten
+    /// together when a checkpoint is restored (`mappa_train::checkpoint`).
+    pub fn parts_mut(
         &mut self,
     ) -> (
         &mut Transformer<B>,
@@ -193,14 +195,18 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         (policy, &mut self.optimizer, &mut self.step)
     }
 
-    pub(crate) fn optimizer(&self) -> &OptimizerAdaptor<FusedAdamW, Transformer<B>, B> {
+    /// The optimiser, whose state a checkpoint saves.
+    pub fn optimizer(&self) -> &OptimizerAdaptor<FusedAdamW, Transformer<B>, B> {
         &self.optimizer
     }
 
     /// Teacher-forced log-probs of `(prompt, completion)` pairs under the
     /// current policy (no gradient): the "old" log-probs of a fresh rollout.
     /// In batches of at most `logprob_batch_size` pairs.
-    pub fn policy_logprobs(&self, pairs: &[(&[u32], &[u32])]) -> Result<Vec<Vec<f32>>, TrainError> {
+    pub fn policy_logprobs(
+        &self,
+        pairs: &[(&[u32], &[u32])],
+    ) -> Result<Vec<Vec<f32>>, LearnerError> {
         self.batched_logprobs(&self.policy().valid(), pairs)
     }
 
@@ -208,7 +214,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
     pub fn reference_logprobs(
         &self,
         pairs: &[(&[u32], &[u32])],
-    ) -> Result<Vec<Vec<f32>>, TrainError> {
+    ) -> Result<Vec<Vec<f32>>, LearnerError> {
         self.batched_logprobs(&self.reference, pairs)
     }
 
@@ -216,7 +222,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         &self,
         model: &Transformer<B::InnerBackend>,
         pairs: &[(&[u32], &[u32])],
-    ) -> Result<Vec<Vec<f32>>, TrainError> {
+    ) -> Result<Vec<Vec<f32>>, LearnerError> {
         let chunk = self.config.logprob_batch_size.unwrap_or(pairs.len()).max(1);
         let mut out = Vec::with_capacity(pairs.len());
         for pairs in pairs.chunks(chunk) {
@@ -226,7 +232,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
     }
 
     /// Every sample's per-token vectors must match its completion.
-    fn check_lengths(&self, samples: &[TrainSample]) -> Result<(), TrainError> {
+    fn check_lengths(&self, samples: &[TrainSample]) -> Result<(), LearnerError> {
         for (i, s) in samples.iter().enumerate() {
             let n = s.completion.len();
             let lengths = [
@@ -236,7 +242,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                 s.mask.len(),
             ];
             if lengths.iter().any(|&l| l != n) {
-                return Err(TrainError::Input(format!(
+                return Err(LearnerError::Input(format!(
                     "agent {} sample {i}: completion has {n} tokens but old/ref log-probs, advantages and mask have {}/{}/{}/{}",
                     self.name, lengths[0], lengths[1], lengths[2], lengths[3]
                 )));
@@ -288,7 +294,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         &mut self,
         samples: &[TrainSample],
         loss_config: &LossConfig,
-    ) -> Result<StepMetrics, TrainError> {
+    ) -> Result<StepMetrics, LearnerError> {
         self.check_lengths(samples)?;
         B::run_step(|| self.train_step_checked(samples, loss_config))
     }
@@ -298,7 +304,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
         &mut self,
         samples: &[TrainSample],
         loss_config: &LossConfig,
-    ) -> Result<StepMetrics, TrainError> {
+    ) -> Result<StepMetrics, LearnerError> {
         let lr = learning_rate(&self.config, self.step);
         let mut metrics = self.sample_metrics(samples, lr);
         let tokens = metrics.tokens;
@@ -326,7 +332,7 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
             None => crate::params::global_grad_norm(self.policy(), &grads),
         };
         if !metrics.grad_norm.is_finite() {
-            return Err(TrainError::NonFinite(format!(
+            return Err(LearnerError::NonFinite(format!(
                 "agent {} step {}: the gradient norm is {}",
                 self.name, self.step, metrics.grad_norm
             )));
@@ -358,7 +364,7 @@ fn micro_batch_gradients<B: AutodiffModelBackend>(
     chunk: &[TrainSample],
     loss_config: &LossConfig,
     tokens: usize,
-) -> Result<(GradientsParams, MicroBatchSums), TrainError> {
+) -> Result<(GradientsParams, MicroBatchSums), LearnerError> {
     let device = policy.device();
     let pairs: Vec<(&[u32], &[u32])> = chunk
         .iter()
@@ -406,8 +412,8 @@ fn logprobs<B: ModelBackend>(
     model: &Transformer<B>,
     pairs: &[(&[u32], &[u32])],
     temperature: f64,
-) -> Result<Vec<Vec<f32>>, TrainError> {
+) -> Result<Vec<Vec<f32>>, LearnerError> {
     completion_logprobs(model, pairs, temperature as f32)
         .map(|l| l.to_vecs())
-        .map_err(TrainError::from)
+        .map_err(LearnerError::from)
 }

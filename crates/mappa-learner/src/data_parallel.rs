@@ -35,7 +35,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::backend::{DeviceId, DeviceOps};
 use mappa_model::{AutodiffModelBackend, ModelBackend, Transformer};
 
-use crate::TrainError;
+use crate::LearnerError;
 
 /// One data-parallel step at a time in the process (the collective is a
 /// per-backend singleton).
@@ -60,11 +60,11 @@ fn device_at<B: AutodiffModelBackend>(first: &B::Device, index: usize) -> B::Dev
 pub fn devices_of_box<B: AutodiffModelBackend>(
     first: &B::Device,
     count: usize,
-) -> Result<Vec<B::Device>, TrainError> {
+) -> Result<Vec<B::Device>, LearnerError> {
     let devices: Vec<B::Device> = (0..count).map(|i| device_at::<B>(first, i)).collect();
     let ids: Vec<DeviceId> = devices.iter().map(|d| d.id()).collect();
     check_indexed(&ids, <B as ModelBackend>::ONE_DEVICE).map_err(|i| {
-        TrainError::Config(format!(
+        LearnerError::Config(format!(
             "devices.count = {count}: device index {i} is {:?} on this backend, which does \
                  not give each index a device of its own; declare one device (devices.count = 1) \
                  or choose a backend with indexed devices (CUDA, or wgpu's discrete GPUs)",
@@ -97,22 +97,22 @@ pub fn check_devices<B: AutodiffModelBackend>(
     agent: &str,
     policy_device: &B::Device,
     devices: &[B::Device],
-) -> Result<(), TrainError> {
+) -> Result<(), LearnerError> {
     if devices.len() < 2 {
-        return Err(TrainError::Config(format!(
+        return Err(LearnerError::Config(format!(
             "agent {agent}: data-parallel updates need at least two devices, got {}",
             devices.len()
         )));
     }
     if &devices[0] != policy_device {
-        return Err(TrainError::Config(format!(
+        return Err(LearnerError::Config(format!(
             "agent {agent}: the first data-parallel device ({:?}) must hold the policy ({policy_device:?})",
             devices[0]
         )));
     }
     let ids: Vec<DeviceId> = devices.iter().map(|d| d.id()).collect();
     if devices.len() > 2 && ids.windows(2).any(|pair| pair[0] >= pair[1]) {
-        return Err(TrainError::Config(format!(
+        return Err(LearnerError::Config(format!(
             "agent {agent}: {} data-parallel replicas on {devices:?}; more than two replicas \
              must be on distinct devices in ascending order, or the order of the gradient sum \
              (and so the bits) would not follow from the run id",
@@ -132,12 +132,12 @@ pub fn parallel_gradients<B, C, S, F>(
     devices: &[B::Device],
     chunks: &[C],
     gradients: F,
-) -> Result<(GradientsParams, Vec<S>), TrainError>
+) -> Result<(GradientsParams, Vec<S>), LearnerError>
 where
     B: AutodiffModelBackend,
     C: Sync,
     S: Send,
-    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), TrainError> + Sync,
+    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), LearnerError> + Sync,
 {
     let workers = devices.len().min(chunks.len()).max(1);
     if workers == 1 {
@@ -162,12 +162,12 @@ fn run_workers<B, C, S, F>(
     devices: &[B::Device],
     chunks: &[C],
     gradients: &F,
-) -> Result<Vec<WorkerResult<S>>, TrainError>
+) -> Result<Vec<WorkerResult<S>>, LearnerError>
 where
     B: AutodiffModelBackend,
     C: Sync,
     S: Send,
-    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), TrainError> + Sync,
+    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), LearnerError> + Sync,
 {
     let workers = devices.len();
     let _turn = COLLECTIVE
@@ -183,7 +183,7 @@ where
             .collect()
     }))
     .map_err(|payload| {
-        TrainError::DataParallel(format!(
+        LearnerError::DataParallel(format!(
             "placing the policy's replicas on {devices:?} failed: {}",
             panic_message(payload.as_ref())
         ))
@@ -216,7 +216,7 @@ where
             .enumerate()
             .map(|(w, handle)| {
                 handle.join().unwrap_or_else(|payload| {
-                    Err(TrainError::DataParallel(format!(
+                    Err(LearnerError::DataParallel(format!(
                         "worker {w} panicked outside its gradients: {}",
                         panic_message(payload.as_ref())
                     )))
@@ -233,7 +233,7 @@ where
 fn merge<S>(
     results: Vec<WorkerResult<S>>,
     chunks: usize,
-) -> Result<(GradientsParams, Vec<S>), TrainError> {
+) -> Result<(GradientsParams, Vec<S>), LearnerError> {
     let mut main = None;
     let mut sides = Vec::with_capacity(chunks);
     for (w, result) in results.into_iter().enumerate() {
@@ -247,7 +247,7 @@ fn merge<S>(
     }
     sides.sort_by_key(|(i, _)| *i);
     let grads = main.ok_or_else(|| {
-        TrainError::DataParallel("a worker stood down but none reported a failure".into())
+        LearnerError::DataParallel("a worker stood down but none reported a failure".into())
     })?;
     Ok((grads, sides.into_iter().map(|(_, s)| s).collect()))
 }
@@ -256,7 +256,7 @@ fn merge<S>(
 type WorkerOutput<S> = (GradientsParams, Vec<(usize, S)>);
 
 /// A worker's output, none when it stood down because another failed.
-type WorkerResult<S> = Result<Option<WorkerOutput<S>>, TrainError>;
+type WorkerResult<S> = Result<Option<WorkerOutput<S>>, LearnerError>;
 
 /// What every worker of one data-parallel step shares.
 struct Shared<'a> {
@@ -280,7 +280,7 @@ fn work<B, C, S, F>(
 ) -> WorkerResult<S>
 where
     B: AutodiffModelBackend,
-    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), TrainError>,
+    F: Fn(&Transformer<B>, &C) -> Result<(GradientsParams, S), LearnerError>,
 {
     let Shared {
         barrier,
@@ -304,7 +304,7 @@ where
         Ok((accumulator.grads(), sides))
     }))
     .unwrap_or_else(|payload| {
-        Err(TrainError::DataParallel(format!(
+        Err(LearnerError::DataParallel(format!(
             "worker {w} (device {device:?}) panicked: {}",
             panic_message(payload.as_ref())
         )))
@@ -329,8 +329,8 @@ where
     out.and_then(|out| finished.map(|()| out))
 }
 
-fn collective_error(what: &str, e: collective::CollectiveError) -> TrainError {
-    TrainError::DataParallel(format!("{what}: burn's collective failed: {e:?}"))
+fn collective_error(what: &str, e: collective::CollectiveError) -> LearnerError {
+    LearnerError::DataParallel(format!("{what}: burn's collective failed: {e:?}"))
 }
 
 /// The message a panic carried (`panic!` with a literal or a format).
