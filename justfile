@@ -22,12 +22,17 @@ test: setup-python
     set -euo pipefail
     if just arm-tools-present; then
         echo "== 64-bit ARM (aarch64 Linux, under qemu-aarch64): mappa-kernels' and mappa-learner's tests, and the determinism test's build"
-        export MAPPA_DETERMINISM_AARCH64="$(just arm-determinism-exe)"
+        exe="$(just arm-determinism-exe)"   # a plain assignment, so that a failed build stops here
+        export MAPPA_DETERMINISM_AARCH64="$exe"
         cargo test --locked --target {{arm_target}} {{arm_ci_packages}} --lib
     else
         echo "note: the aarch64 cross toolchain is not installed (just arm-tools): 64-bit ARM is not checked"
     fi
+    report="${CARGO_TARGET_DIR:-target}/tmp/determinism-report.txt"
+    rm -f "$report"
     cargo test --workspace --locked
+    echo "== the determinism test's report ($report)"
+    cat "$report" || { echo "just test: the determinism test left no report at $report" >&2; exit 1; }
 
 # Every f32 input through mappa-kernels' expf (SwiGLU's: against the C library's; the softmax's: against the libm crate's), each vectorised path this CPU has (AVX2, AVX-512) against its scalar one (about two minutes).
 check-expf:
@@ -38,7 +43,8 @@ check-determinism:
     #!/usr/bin/env bash
     set -euo pipefail
     if just arm-tools-present; then
-        export MAPPA_DETERMINISM_AARCH64="$(just arm-determinism-exe)"
+        exe="$(just arm-determinism-exe)"   # a plain assignment, so that a failed build stops here
+        export MAPPA_DETERMINISM_AARCH64="$exe"
     else
         echo "note: the aarch64 cross toolchain is not installed (just arm-tools): 64-bit ARM is not checked"
     fi
@@ -68,7 +74,7 @@ arm-tools-present:
 [private]
 arm-determinism-exe:
     @cargo test --locked --target {{arm_target}} {{arm_ci_packages}} --lib --test determinism --no-run --message-format=json-render-diagnostics \
-        | python3 -c 'import json, sys; print(*[m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "determinism" and m.get("executable")])'
+        | python3 -c 'import json, sys; exes = [m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "determinism" and m.get("executable")]; print(*exes) if exes else sys.exit("the determinism test was not built for aarch64 (the build failed above)")'
 
 # The packages whose tests `just test` runs on emulated 64-bit ARM: the kernels, and the learner (which holds the determinism test).
 arm_ci_packages := "-p mappa-kernels -p mappa-learner"

@@ -12,9 +12,9 @@
 //! - an x86-64 CPU without AVX-512 (when `qemu-x86_64` is installed: the
 //!   child runs under qemu-user as a Haswell, AVX2 and FMA only);
 //! - 64-bit ARM (when [`AARCH64_EXE`] names this test cross-built for
-//!   `aarch64-unknown-linux-gnu`, as `just check-determinism` and `just
-//!   check-arm` do where the cross toolchain is installed: the child runs
-//!   under `qemu-aarch64`). Its digests are printed beside this machine's.
+//!   `aarch64-unknown-linux-gnu`, as `just test` (CI), `just
+//!   check-determinism` and `just check-arm` do where the cross toolchain
+//!   is installed: the child runs under `qemu-aarch64`). Its digests are printed beside this machine's.
 //!
 //! The same child also multiplies and sums through burn's own CPU kernels,
 //! which do depend on the machine: at least one variant must change those
@@ -41,11 +41,34 @@ type B = Autodiff<Cpu>;
 const CHILD: &str = "MAPPA_DETERMINISM_CHILD";
 
 /// The path of this test built for `aarch64-unknown-linux-gnu`, to run
-/// under `qemu-aarch64` as one more child (set by `just check-determinism`).
+/// under `qemu-aarch64` as one more child (set by `just test` and `just check-determinism`).
 const AARCH64_EXE: &str = "MAPPA_DETERMINISM_AARCH64";
 
 /// Where Debian's cross toolchain keeps aarch64's C library, for qemu-user.
 const AARCH64_SYSROOT: &str = "/usr/aarch64-linux-gnu";
+
+/// Where a passing run leaves its report (each variant's digest beside
+/// this machine's), for `just test` to print: the harness shows a passing
+/// test's output only when asked.
+const REPORT: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/determinism-report.txt");
+
+/// What the parent says: printed as it goes, and saved when all passed.
+#[derive(Default)]
+struct Report(Vec<String>);
+
+impl Report {
+    fn say(&mut self, line: String) {
+        eprintln!("{line}");
+        self.0.push(line);
+    }
+
+    /// Writes the report to [`REPORT`] (a temporary file, then renamed).
+    fn save(&self) {
+        let tmp = format!("{REPORT}.tmp");
+        std::fs::write(&tmp, self.0.join("\n") + "\n").unwrap();
+        std::fs::rename(&tmp, REPORT).unwrap();
+    }
+}
 
 /// Bytes of every value the workload produced, in order.
 #[derive(Default)]
@@ -306,6 +329,12 @@ fn same_bits_on_other_cpus() {
         here.0,
         "the workload repeats within one process"
     );
+    let mut report = Report::default();
+    report.say(format!(
+        "this machine ({}): mappa's workload {}",
+        std::env::consts::ARCH,
+        here.0
+    ));
 
     let mut variants: Vec<(String, Command)> = vec![
         ("1 thread".into(), child(&[], &[("RAYON_NUM_THREADS", "1")])),
@@ -347,9 +376,9 @@ fn same_bits_on_other_cpus() {
             variants.push((name.into(), child(&prefix, &[])));
         }
     } else {
-        eprintln!(
+        report.say(format!(
             "note: cache geometries not simulated (needs root, unshare and /sys/devices/system/cpu/*/cache; root: {root})"
-        );
+        ));
     }
     // An AVX2-only CPU, emulated; qemu-user is a Debian package (`.ci/run` installs it).
     if on_path("qemu-x86_64").is_some() {
@@ -358,39 +387,42 @@ fn same_bits_on_other_cpus() {
             child(&["qemu-x86_64", "-cpu", "Haswell"], &[]),
         ));
     } else {
-        eprintln!("note: no qemu-x86_64 on PATH: the AVX2-only CPU is not checked");
+        report.say("note: no qemu-x86_64 on PATH: the AVX2-only CPU is not checked".into());
     }
 
-    variants.extend(aarch64_variant());
+    variants.extend(aarch64_variant(&mut report));
 
     let mut burn_changed = Vec::new();
     for (name, cmd) in variants {
         let (mappa, burn) = digests(cmd, &name);
-        eprintln!(
+        report.say(format!(
             "{name}:\n  mappa's workload {mappa}\n  (this machine:  {})",
             here.0
-        );
+        ));
         assert_eq!(mappa, here.0, "{name}: mappa's workload changed bits");
-        eprintln!("  same bits");
+        report.say("  same bits".into());
         if burn != here.1 {
             burn_changed.push(name);
         }
     }
-    eprintln!("burn's own kernels changed bits under: {burn_changed:?}");
+    report.say(format!(
+        "burn's own kernels changed bits under: {burn_changed:?}"
+    ));
     if root && sysfs_cache_files() && on_path("unshare").is_some() {
         assert!(
             !burn_changed.is_empty(),
             "no variant changed burn's own kernels' bits: the variants did not present another CPU"
         );
     }
+    report.save();
 }
 
 /// The workload on 64-bit ARM: this test cross-built for aarch64 Linux
 /// ([`AARCH64_EXE`]) under `qemu-aarch64`, or `None` with a note saying
 /// what is missing.
-fn aarch64_variant() -> Option<(String, Command)> {
+fn aarch64_variant(report: &mut Report) -> Option<(String, Command)> {
     let Some(exe) = std::env::var_os(AARCH64_EXE) else {
-        eprintln!("note: {AARCH64_EXE} is not set: 64-bit ARM is not checked here (`just check-determinism` sets it where the aarch64 cross toolchain is installed)");
+        report.say(format!("note: {AARCH64_EXE} is not set: 64-bit ARM is not checked here (`just test` and `just check-determinism` set it where the aarch64 cross toolchain is installed: `just arm-tools`)"));
         return None;
     };
     let exe = PathBuf::from(exe);
