@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -120,9 +120,41 @@ fn namespace_flags(python: &Path, root: bool) -> Option<libc::c_int> {
         unsafe {
             cmd.pre_exec(move || cvt(libc::unshare(flags)));
         }
-        let ok = cmd.status().map(|s| s.success()).unwrap_or(false);
+        let ok = match cmd.spawn() {
+            Ok(mut child) => match wait_at_most(&mut child, HELPER_DEADLINE) {
+                Some(status) => status.success(),
+                None => {
+                    eprintln!("warning: sandbox: the network-namespace probe was still running after {HELPER_DEADLINE:?} and was killed: runs go without a network namespace");
+                    false
+                }
+            },
+            Err(_) => false,
+        };
         ok.then_some(flags)
     })
+}
+
+/// How long a helper child (the namespace probe, the uid sweep) may run:
+/// each makes a few system calls, then execs or exits, so only a child
+/// stuck before `exec` reaches it (a fork of a multi-threaded process under
+/// `qemu-user` can be: docs/reproducibility.md#64-bit-arm).
+const HELPER_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Waits for `child` for at most `limit`; past it, kills and reaps it and
+/// returns `None`.
+fn wait_at_most(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
 }
 
 /// The kernel's Landlock ABI, asked once per process; where there is none
@@ -209,7 +241,9 @@ fn kill_uid(program: &Path, uid: u32) {
         });
     }
     if let Ok(mut child) = cmd.spawn() {
-        let _ = child.wait();
+        if wait_at_most(&mut child, HELPER_DEADLINE).is_none() {
+            eprintln!("warning: sandbox: the sweep of uid {uid}'s processes was still running after {HELPER_DEADLINE:?} and was killed");
+        }
     }
 }
 
@@ -991,5 +1025,26 @@ fn classify(
         (Some(0), None) if truncated => Status::OutputTruncated,
         (Some(0), None) => Status::Ok,
         _ => Status::Error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_helper_past_its_deadline_is_killed_and_reaped() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let started = Instant::now();
+        assert_eq!(wait_at_most(&mut child, Duration::from_millis(50)), None);
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(child.try_wait().unwrap().is_some(), "reaped");
+    }
+
+    #[test]
+    fn a_helper_that_ends_in_time_gives_its_status() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let status = wait_at_most(&mut child, Duration::from_secs(30)).unwrap();
+        assert!(status.success());
     }
 }
