@@ -18,7 +18,7 @@ pub mod rollout;
 pub mod trajectory;
 pub mod workflow;
 
-pub use policy::{Message, Policy, PolicyOutput, PolicyRequest, ScriptedPolicy};
+pub use policy::{Message, Policy, PolicyOutput, PolicyRequest, ReplyFormat, ScriptedPolicy};
 pub use remote::RemotePolicy;
 pub use rollout::RolloutEngine;
 pub use trajectory::{action_contexts, ActionRecord, TaskInput, Trajectory};

@@ -16,6 +16,28 @@ pub struct PolicyRequest {
     /// Name of the RNG stream this sample draws from (task, sample, agent,
     /// turn), so a completion does not depend on its batch mates.
     pub stream: String,
+    /// How the agent's reply is made (its workflow entry's `reply_prefix`,
+    /// `max_new_tokens` and `stop`); the policy's settings where unset.
+    #[serde(default)]
+    pub reply: ReplyFormat,
+}
+
+/// How an agent's reply is made: the text it is made to begin with, and
+/// when its generation stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReplyFormat {
+    /// Text the reply begins with: appended to the prompt after the chat
+    /// template's generation prompt, so the model continues it; the reply's
+    /// text starts with it, its generated tokens do not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+    /// Most new tokens (none: the policy's own limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<usize>,
+    /// Strings that end the completion once its text contains one (kept in
+    /// the text; a completion ended so is not truncated).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
 }
 
 /// One completion.

@@ -38,7 +38,23 @@ impl RemotePolicy {
     }
 
     fn one(&self, request: &PolicyRequest) -> Result<PolicyOutput, AgentError> {
-        match self.backend.complete(&request.messages, &self.params) {
+        let params = GenerationParams {
+            max_tokens: request
+                .reply
+                .max_new_tokens
+                .map_or(self.params.max_tokens, |n| n.min(u32::MAX as usize) as u32),
+            ..self.params
+        };
+        if !request.reply.stop.is_empty() || !request.reply.prefix.is_empty() {
+            return Err(AgentError::Policy(format!(
+                "{}: the workflow's `stop` ({:?}) and `reply_prefix` ({:?}) cannot be sent \
+                 through a chat endpoint: remove them to evaluate this workflow remotely",
+                self.name(),
+                request.reply.stop,
+                request.reply.prefix
+            )));
+        }
+        match self.backend.complete(&request.messages, &params) {
             Ok(c) => Ok(PolicyOutput {
                 text: c.text,
                 prompt_ids: Vec::new(),

@@ -170,7 +170,8 @@ impl<'a> RolloutEngine<'a> {
         active: &[usize],
         conversations: &[Vec<Message>],
     ) -> Result<Vec<PolicyOutput>, AgentError> {
-        let role = &self.workflow.agents[k].role;
+        let agent = &self.workflow.agents[k];
+        let role = &agent.role;
         let requests: Vec<PolicyRequest> = active
             .iter()
             .map(|&i| PolicyRequest {
@@ -179,6 +180,7 @@ impl<'a> RolloutEngine<'a> {
                     "rollout/{}/s{}/{role}/{turn}",
                     tasks[running[i].task].id, running[i].sample
                 ),
+                reply: agent.reply_format(),
             })
             .collect();
         let generated = self.policies[k].generate(&requests)?;

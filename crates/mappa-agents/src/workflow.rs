@@ -61,6 +61,31 @@ pub struct AgentSpec {
     /// fixed program carries out (CPU-scale experiments).
     #[serde(default)]
     pub program: Option<String>,
+    /// Text every action of this agent begins with: the prompt ends with it
+    /// and the model continues it (e.g. `"Plan:"`), a format cue for small
+    /// models. The action's text includes it; its trained tokens do not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reply_prefix: String,
+    /// Most new tokens per action (default: the manifest's
+    /// `rollout.max_new_tokens`, which bounds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tokens: Option<usize>,
+    /// Strings that end an action once its text contains one (kept in the
+    /// text; the action is not truncated), e.g. the closing fence of a code
+    /// block.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+}
+
+impl AgentSpec {
+    /// How this agent's replies are made.
+    pub fn reply_format(&self) -> crate::policy::ReplyFormat {
+        crate::policy::ReplyFormat {
+            prefix: self.reply_prefix.clone(),
+            max_new_tokens: self.max_new_tokens,
+            stop: self.stop.clone(),
+        }
+    }
 }
 
 /// A template environment as workflows render them: strict about undefined
@@ -149,6 +174,12 @@ impl Workflow {
             }
             if agent.max_actions == 0 {
                 return Err(format!("{at}.max_actions: expected at least 1"));
+            }
+            if agent.max_new_tokens == Some(0) {
+                return Err(format!("{at}.max_new_tokens: expected at least 1"));
+            }
+            if agent.stop.iter().any(String::is_empty) {
+                return Err(format!("{at}.stop: expected non-empty strings"));
             }
             if agent.tool == Tool::None && (agent.stop_when_no_code || agent.stop_when_files_exist)
             {
@@ -251,6 +282,7 @@ mod tests {
             "dsbench",
             "arith-compact",
             "tabular-compact",
+            "mathchat-smol",
         ] {
             let w = Workflow::load(&workflows_dir().join(format!("{name}.toml"))).unwrap();
             assert_eq!(w.name, name);
@@ -268,6 +300,32 @@ mod tests {
         w.agents[2].prompt = "{{ task }}".into();
         w.agents[2].sees = vec!["analyst".into()];
         assert!(w.validate().unwrap_err().contains("not an earlier agent"));
+    }
+
+    #[test]
+    fn reply_formats_are_read_and_checked() {
+        let mut w = Workflow::load(&workflows_dir().join("mathchat-smol.toml")).unwrap();
+        let solver = w.agents[0].reply_format();
+        assert_eq!(solver.prefix, "Plan:");
+        assert_eq!(solver.stop, ["\n"]);
+        assert_eq!(solver.max_new_tokens, Some(24));
+        assert_eq!(
+            Workflow::load(&workflows_dir().join("mathchat.toml"))
+                .unwrap()
+                .agents[0]
+                .reply_format(),
+            crate::policy::ReplyFormat::default()
+        );
+        w.agents[1].max_new_tokens = Some(0);
+        let err = w.validate().unwrap_err();
+        assert!(
+            err.contains("agents[1] (code_executor).max_new_tokens"),
+            "{err}"
+        );
+        w.agents[1].max_new_tokens = None;
+        w.agents[2].stop = vec![String::new()];
+        let err = w.validate().unwrap_err();
+        assert!(err.contains("agents[2] (verifier).stop"), "{err}");
     }
 
     #[test]

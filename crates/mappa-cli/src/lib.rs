@@ -10,7 +10,8 @@
 //! - [`reproduce`]: `mappa reproduce NAME` (`experiments/NAME.toml` after
 //!   checking that everything it needs is present; `--dry-run`: the plan).
 //! - [`study`]: a manifest's `[study]` (arms x seeds, a report with a
-//!   verdict) and ablations; [`ablate`]: `mappa ablate`.
+//!   verdict) and ablations; [`ablate`]: `mappa ablate`; [`claim`]: a
+//!   single run's `[claim]` (base against trained, paired over problems).
 //! - [`report`]: `mappa report` (runs side by side) and `mappa inspect`
 //!   (one trajectory, readable).
 //! - [`coach`]: `mappa coach score`; [`sandbox`]: `mappa sandbox run`.
@@ -23,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod ablate;
+pub mod claim;
 pub mod coach;
 pub mod doctor;
 pub mod grade;

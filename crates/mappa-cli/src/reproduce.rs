@@ -85,6 +85,21 @@ fn plan(manifest: &Manifest) -> anyhow::Result<Plan> {
             / 1e6;
         rows.push(("estimated coach cost", format!("up to {cost:.0} USD ({} at the configured prices; the paper reports 50-150 USD per run)", openai.model)));
     }
+    if let Some(claim) = &manifest.claim {
+        let power = crate::claim::PowerStatement::of(claim, eval * samples);
+        rows.push((
+            "claim",
+            format!(
+                "{}: base against trained, paired over problems; {}",
+                if claim.confirmatory {
+                    "confirmatory"
+                } else {
+                    "exploratory"
+                },
+                power.sentence(claim.alpha)
+            ),
+        ));
+    }
     let memory = crate::rundir::memory_plan(manifest, &workflow, eval);
     Ok(Plan {
         rows: rows.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
@@ -269,12 +284,37 @@ pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
         println!("{}", dir.join("report.md").display());
         return Ok(());
     }
-    let run_dir = prepare(&manifest, None, &args.runs_dir)?;
+    let report = single_run(&manifest, &path, &args.runs_dir)?;
+    println!("{}", report.display());
+    Ok(())
+}
+
+/// A manifest without a study: one run (continued from its last checkpoint
+/// when its directory holds one), then its `report.md`, led by its claim's
+/// test when it has a `[claim]`. Returns the report's path.
+fn single_run(manifest: &Manifest, path: &Path, runs_dir: &Path) -> anyhow::Result<PathBuf> {
+    // A confirmatory claim's registration, as it stood when the run began.
+    let registration = manifest
+        .claim
+        .as_ref()
+        .filter(|c| c.confirmatory)
+        .map(|_| crate::study::registration::find_with(path, &crate::claim::analysis_files()));
+    let (_, id) = crate::rundir::lock_and_id(manifest)?;
+    let existing = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
+    let resume = existing.join("checkpoints").join("latest").exists();
+    if resume {
+        eprintln!(
+            "continuing the run in {} from its last checkpoint (delete the directory to start over)",
+            existing.display()
+        );
+    }
+    let run_dir = prepare(manifest, resume.then_some(existing.as_path()), runs_dir)?;
     let options = RunOptions {
         progress: true,
+        resume,
         ..Default::default()
     };
-    execute(&manifest, &run_dir, &options)?;
+    execute(manifest, &run_dir, &options)?;
     let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
     let last = workflow.agents.last().map_or("", |a| a.role.as_str());
     let coach_note = match &manifest.coach.judge {
@@ -285,7 +325,9 @@ pub fn reproduce(args: &ReproduceArgs) -> anyhow::Result<()> {
         )),
         _ => None,
     };
-    let report = crate::run_report::write(&run_dir, last, coach_note.as_deref())?;
-    println!("{}", report.display());
-    Ok(())
+    let lead = match &manifest.claim {
+        Some(claim) => crate::claim::write(&run_dir, manifest, claim, registration)?,
+        None => String::new(),
+    };
+    crate::run_report::write(&run_dir, last, coach_note.as_deref(), &lead)
 }

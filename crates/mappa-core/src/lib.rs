@@ -10,6 +10,9 @@
 //! - [`par`]: a parallel map on a fixed number of threads, for blocking work.
 //! - [`paired`]: the paired test that decides a study's claim (sign-flip
 //!   permutation test, bootstrap interval, detectable effect).
+//! - [`mcnemar`]: the paired test of a run's claim that training improved
+//!   held-out accuracy (McNemar's exact test over problems, its power,
+//!   Wilson and bootstrap intervals).
 //! - [`error`]: the error type of this crate.
 
 #![warn(missing_docs)]
@@ -19,6 +22,7 @@ pub mod error;
 pub mod fs;
 pub mod hash;
 pub mod http;
+pub mod mcnemar;
 pub mod paired;
 pub mod par;
 pub mod rng;

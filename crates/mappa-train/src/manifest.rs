@@ -220,6 +220,61 @@ pub struct Manifest {
     /// carry none: a run's id does not depend on the study around it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub study: Option<Study>,
+    /// The claim a single run tests (`mappa reproduce`): that training
+    /// raised held-out accuracy above the base model's on the same
+    /// problems. Analysis, not training: it is left out of the run id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<Claim>,
+}
+
+/// `[claim]`: a single run's test that training raised held-out accuracy.
+/// The first and last evaluations (the base model, then the trained one)
+/// are compared problem by problem with McNemar's exact one-sided test
+/// (`mappa_core::mcnemar`); the registration states the gain the held-out
+/// set detects, from `power` and an assumed share of problems that
+/// training breaks (`loss_rate`, measured on validation runs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claim {
+    /// Registered (committed with its analysis) before the run: the report
+    /// gives a verdict. Off: exploratory, no verdict.
+    pub confirmatory: bool,
+    /// The test's one-sided level (default 0.05).
+    #[serde(default = "default_alpha")]
+    pub alpha: f64,
+    /// The power at which the registration states the detectable gain
+    /// (default 0.8).
+    #[serde(default = "default_power")]
+    pub power: f64,
+    /// The share of held-out problems training is assumed to turn from
+    /// right to wrong, for the power statement.
+    pub loss_rate: f64,
+}
+
+fn default_alpha() -> f64 {
+    0.05
+}
+
+fn default_power() -> f64 {
+    0.8
+}
+
+impl Claim {
+    /// Check ranges; errors name the key.
+    pub fn validate(&self) -> Result<(), String> {
+        for (key, value) in [("claim.alpha", self.alpha), ("claim.power", self.power)] {
+            if !(value > 0.0 && value < 1.0) {
+                return Err(format!("{key} = {value}: expected a number in (0, 1)"));
+            }
+        }
+        if !(0.0..1.0).contains(&self.loss_rate) {
+            return Err(format!(
+                "claim.loss_rate = {}: expected a share in [0, 1)",
+                self.loss_rate
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The devices a run declares (`[devices]`): how many, how much memory
@@ -574,6 +629,16 @@ impl Manifest {
         if let Some(devices) = &self.devices {
             devices.validate(&self.models, r.engine.is_some())?;
         }
+        if let Some(claim) = &self.claim {
+            claim.validate()?;
+            if self.study.is_some() {
+                return Err(
+                    "claim: a study ([study]) compares arms over seeds; [claim] is a single \
+                     run's test: keep one"
+                        .into(),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -823,6 +888,7 @@ pub fn results_relevant(manifest: &Value) -> Value {
             })
             .collect();
         m.remove("devices");
+        m.remove("claim");
         if !replicas.is_empty() {
             m.insert("devices".into(), json!({ "data_parallel": replicas }));
         }
@@ -955,5 +1021,28 @@ mod tests {
         );
         train.lora = Some(mappa_model::LoraConfig::new(4, 8.0));
         train.validate().unwrap();
+    }
+
+    #[test]
+    fn a_claim_is_checked_and_left_out_of_the_run_id() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/manifests/tiny-arith.toml");
+        let text = std::fs::read_to_string(fixture).unwrap();
+        let load = |extra: &str| {
+            let m: Manifest =
+                toml::from_str(&format!("{text}\n{extra}")).map_err(|e| e.to_string())?;
+            m.validate()?;
+            Ok::<Manifest, String>(m)
+        };
+        let plain = load("").unwrap();
+        let claimed = load("[claim]\nconfirmatory = true\nloss_rate = 0.05\n").unwrap();
+        let claim = claimed.claim.as_ref().unwrap();
+        assert_eq!((claim.alpha, claim.power), (0.05, 0.8));
+        let id = |m: &Manifest| results_relevant(&serde_json::to_value(m).unwrap());
+        assert_eq!(id(&plain), id(&claimed));
+        let err = load("[claim]\nconfirmatory = true\nloss_rate = 1.5\n").unwrap_err();
+        assert!(err.contains("claim.loss_rate = 1.5"), "{err}");
+        let err = load("[claim]\nconfirmatory = true\nalpha = 0\nloss_rate = 0.1\n").unwrap_err();
+        assert!(err.contains("claim.alpha = 0"), "{err}");
     }
 }

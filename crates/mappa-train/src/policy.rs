@@ -5,7 +5,7 @@
 use std::sync::Mutex;
 
 use burn::prelude::*;
-use mappa_agents::{AgentError, Message, Policy, PolicyOutput, PolicyRequest};
+use mappa_agents::{AgentError, Message, Policy, PolicyOutput, PolicyRequest, ReplyFormat};
 use mappa_core::rng::{RngStream, SeedTree};
 use mappa_model::{
     generate, ChatMessage, ChatRequest, ChatTemplate, FinishReason, GenerationConfig, HfTokenizer,
@@ -34,11 +34,12 @@ pub enum RequestSeeds {
 }
 
 /// The token ids of a chat prompt: the template rendered with the
-/// generation prompt, then encoded.
+/// generation prompt, the reply's `prefix` after it, then encoded.
 pub fn render_prompt(
     template: &ChatTemplate,
     tokenizer: &HfTokenizer,
     messages: &[Message],
+    prefix: &str,
 ) -> mappa_model::Result<Vec<u32>> {
     let messages: Vec<ChatMessage> = messages
         .iter()
@@ -49,7 +50,7 @@ pub fn render_prompt(
         add_generation_prompt: true,
         ..Default::default()
     })?;
-    tokenizer.encode(&text)
+    tokenizer.encode(&(text + prefix))
 }
 
 /// One agent's model, generating.
@@ -120,8 +121,13 @@ where
         let mut prompts = Vec::with_capacity(requests.len());
         for request in requests {
             prompts.push(
-                render_prompt(self.template, self.tokenizer, &request.messages)
-                    .map_err(policy_err)?,
+                render_prompt(
+                    self.template,
+                    self.tokenizer,
+                    &request.messages,
+                    &request.reply.prefix,
+                )
+                .map_err(policy_err)?,
             );
         }
         let mut rngs: Vec<_> = requests
@@ -137,16 +143,15 @@ where
             })
             .collect();
         let model = self.model.lock().unwrap_or_else(|e| e.into_inner());
-        let chunk = self.max_batch.unwrap_or(prompts.len()).max(1);
         let mut generations = Vec::with_capacity(prompts.len());
-        for (prompts, rngs) in prompts.chunks(chunk).zip(rngs.chunks_mut(chunk)) {
+        for (range, reply) in batches(requests, self.max_batch) {
             generations.extend(
                 generate(
                     &model,
                     Some(self.tokenizer),
-                    prompts,
-                    rngs,
-                    &self.generation,
+                    &prompts[range.clone()],
+                    &mut rngs[range],
+                    &limited(&self.generation, reply),
                 )
                 .map_err(policy_err)?,
             );
@@ -154,8 +159,9 @@ where
         Ok(prompts
             .into_iter()
             .zip(generations)
-            .map(|(prompt_ids, g)| PolicyOutput {
-                text: g.text,
+            .zip(requests)
+            .map(|((prompt_ids, g), r)| PolicyOutput {
+                text: r.reply.prefix.clone() + &g.text,
                 prompt_ids,
                 truncated: g.finish == FinishReason::Length,
                 completion_ids: g.token_ids,
@@ -163,6 +169,33 @@ where
             })
             .collect())
     }
+}
+
+/// The batches `requests` are generated in: runs of requests with equal
+/// reply formats, each cut into pieces of at most `max_batch` (none: no cut).
+fn batches(
+    requests: &[PolicyRequest],
+    max_batch: Option<usize>,
+) -> Vec<(std::ops::Range<usize>, &ReplyFormat)> {
+    let cap = max_batch.unwrap_or(usize::MAX).max(1);
+    let mut out: Vec<(std::ops::Range<usize>, &ReplyFormat)> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        match out.last_mut() {
+            Some((range, reply)) if **reply == r.reply && range.len() < cap => range.end = i + 1,
+            _ => out.push((i..i + 1, &r.reply)),
+        }
+    }
+    out
+}
+
+/// `config` with an agent's own length limit and stop strings applied.
+fn limited(config: &GenerationConfig, reply: &ReplyFormat) -> GenerationConfig {
+    let mut config = config.clone();
+    if let Some(n) = reply.max_new_tokens {
+        config.max_new_tokens = n;
+    }
+    config.stop_strings.extend(reply.stop.iter().cloned());
+    config
 }
 
 #[cfg(test)]
@@ -183,6 +216,7 @@ mod tests {
             .map(|(i, text)| PolicyRequest {
                 messages: vec![Message::new("user", *text)],
                 stream: format!("test/{i}"),
+                reply: Default::default(),
             })
             .collect()
     }
@@ -213,5 +247,68 @@ mod tests {
             assert_eq!(b.completion_ids, e.completion_ids);
             assert_eq!(b.logprobs, e.logprobs);
         }
+    }
+
+    #[test]
+    fn a_reply_format_prefixes_the_prompt_and_the_text_and_stops_early() {
+        let model: Transformer<Cpu> = load_transformer(&fixture(), &Default::default()).unwrap();
+        let tokenizer = HfTokenizer::from_dir(&fixture()).unwrap();
+        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+        let policy = ModelPolicy::new(
+            "solver",
+            model,
+            &tokenizer,
+            &template,
+            GenerationConfig::greedy(12),
+            SeedTree::new(3),
+        );
+        let plain = policy.generate(&requests()).unwrap();
+        // The prefix ends the prompt; the reply's text starts with it.
+        let mut prefixed = requests();
+        for r in &mut prefixed {
+            r.reply.prefix = "Plan:".into();
+        }
+        let out = policy.generate(&prefixed).unwrap();
+        for (o, r) in out.iter().zip(&prefixed) {
+            let ids = render_prompt(&template, &tokenizer, &r.messages, "Plan:").unwrap();
+            assert_eq!(o.prompt_ids, ids);
+            assert!(o.text.starts_with("Plan:"), "{:?}", o.text);
+        }
+        // A shorter limit and a stop string: the first reply stops at its
+        // second token's text, not truncated; the limit cuts the others.
+        let first_two = tokenizer
+            .decode(&plain[0].completion_ids[..2], false)
+            .unwrap();
+        let stop = first_two.trim_start().chars().last().unwrap().to_string();
+        let mut limited = requests();
+        for r in &mut limited {
+            r.reply.max_new_tokens = Some(4);
+            r.reply.stop = vec![stop.clone()];
+        }
+        let out = policy.generate(&limited).unwrap();
+        assert!(out.iter().all(|o| o.completion_ids.len() <= 4));
+        assert!(
+            !out[0].truncated && out[0].completion_ids.len() <= 2,
+            "{:?}",
+            out[0]
+        );
+        assert_eq!(
+            out[0].completion_ids,
+            plain[0].completion_ids[..out[0].completion_ids.len()]
+        );
+    }
+
+    #[test]
+    fn requests_with_other_formats_go_in_other_batches() {
+        let mut all = requests();
+        all[2].reply.max_new_tokens = Some(3);
+        let batches = batches(&all, None);
+        let ranges: Vec<_> = batches.iter().map(|(r, _)| r.clone()).collect();
+        assert_eq!(ranges, [0..2, 2..3]);
+        let ranges: Vec<_> = super::batches(&all, Some(1))
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect();
+        assert_eq!(ranges, [0..1, 1..2, 2..3]);
     }
 }

@@ -229,6 +229,44 @@ pub struct ActionLine {
     pub advantage_mean: f64,
 }
 
+/// One held-out trajectory of an evaluation (`eval-trajectories.jsonl`):
+/// what each agent wrote and the graded outcome, so that evaluations can be
+/// compared task by task (a paired test over problems) and their failures
+/// read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalTrajectoryLine {
+    /// The record layout ([`SCHEMA_VERSION`]; 0 when absent).
+    #[serde(default)]
+    pub schema: u32,
+    /// The training step the weights had reached.
+    pub step: usize,
+    /// The task's id.
+    pub task_id: String,
+    /// Which sample of the task.
+    pub sample: usize,
+    /// The graded outcome.
+    pub outcome: f64,
+    /// Every action, in order.
+    pub actions: Vec<EvalActionLine>,
+}
+
+/// One action of an evaluated trajectory (no coach, no credit).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalActionLine {
+    /// The agent's role.
+    pub role: String,
+    /// The action's number within the agent's turn.
+    pub turn: usize,
+    /// What the agent wrote.
+    pub text: String,
+    /// Generation hit the token limit.
+    pub truncated: bool,
+    /// The Python it ran.
+    pub code: Option<String>,
+    /// The tool output it was shown.
+    pub tool_observation: Option<String>,
+}
+
 /// Append `rows` to a JSON-lines file (created when absent), synced to disk.
 pub fn append_jsonl<T: Serialize>(path: &Path, rows: &[T]) -> Result<(), TrainError> {
     let io = |e: std::io::Error| TrainError::io(path, e);

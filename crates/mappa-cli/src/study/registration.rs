@@ -84,8 +84,9 @@ fn factorial_analysis_files() -> Vec<PathBuf> {
     files
 }
 
-/// [`find`] with the analysis code in `analysis`.
-fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, String> {
+/// [`find`] with the analysis code in `analysis` (a single run's claim:
+/// `crate::claim::analysis_files`).
+pub fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, String> {
     let dir = manifest
         .parent()
         .ok_or_else(|| format!("{}: no directory", manifest.display()))?;

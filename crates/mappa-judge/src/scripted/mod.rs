@@ -20,6 +20,12 @@
 //!   leaks by its own derivation, not by the answer: a coach that tends to
 //!   fail on the instances where the agents fail.
 //!
+//! - `free-text` ([`free_text`]): what a small pretrained model writes in
+//!   the MathChat roles on generated arithmetic, read the way its next
+//!   agent must read it (the plan's expression and stated value, the number
+//!   a program printed, the final answer) and judged against what the
+//!   action's input implies; its verdicts are flipped at `slip_rate`.
+//!
 //! The view's verdict becomes a quality `q` in [0, 1] (input-only: 1 when
 //! judged right, 0.15 when not), and the score is
 //! `5 + discrimination * (10 q - 5) + bias + noise`, clamped to [0, 10].
@@ -30,6 +36,7 @@
 //! the verdict against the truth (did the agent do its own part right, given
 //! its input), from which runs report the coach's accuracy per role.
 
+pub mod free_text;
 mod input_only;
 mod oracle;
 
@@ -46,6 +53,7 @@ use mappa_env::slips::{SlipKind, MAX_DIFFICULTY_WEIGHT};
 
 use crate::context::{ActionContext, ActionScore, Audit, KnownSolution};
 use crate::{Coach, CoachError, CoachReport, SharedCounts};
+use free_text::FreeText;
 use input_only::{InputOnly, TaskTied};
 use oracle::{carried_forward, quality};
 
@@ -64,6 +72,9 @@ pub enum View {
     /// As `InputOnly`, with its derivation drawn once per task and tilted
     /// by difficulty, and blame decided by its own derivation.
     TaskTied,
+    /// A pretrained model's free text in the MathChat roles, judged by the
+    /// numbers each action states against what its input implies.
+    FreeText,
 }
 
 impl View {
@@ -73,6 +84,7 @@ impl View {
             View::Oracle => "oracle",
             View::InputOnly => "input-only",
             View::TaskTied => "task-tied",
+            View::FreeText => "free-text",
         }
     }
 }
@@ -134,8 +146,9 @@ pub struct ScriptedConfig {
     /// would not blame it for an earlier agent's mistake.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub judge_against_input: bool,
-    /// Input-only view: the probability that the coach's own derivation of
-    /// the right action slips (`epsilon`).
+    /// Input-only and task-tied views: the probability that the coach's own
+    /// derivation of the right action slips (`epsilon`); free-text view: the
+    /// probability that a verdict is flipped.
     #[serde(default)]
     pub slip_rate: f64,
     /// Input-only view: the kind of slip it makes (the agents' kind).
@@ -204,22 +217,27 @@ impl ScriptedConfig {
         if !self.short_plan_bias.is_finite() {
             return Err("scripted.short_plan_bias: expected a finite number".into());
         }
-        let input_only_keys = self.slip_rate != 0.0
-            || self.blame_leak != 0.0
+        let derivation_keys = self.blame_leak != 0.0
             || self.short_plan_bias != 0.0
             || self.slips != SlipKind::default();
+        let input_only_keys = self.slip_rate != 0.0 || derivation_keys;
         match self.view {
             View::Oracle if input_only_keys => Err(
                 "scripted: slip_rate, slips, blame_leak and short_plan_bias belong to \
-                 view = \"input-only\" or \"task-tied\""
+                 view = \"input-only\", \"task-tied\" or (slip_rate) \"free-text\""
                     .into(),
             ),
-            View::Oracle | View::InputOnly if self.difficulty_weight != 0.0 => {
+            View::FreeText if derivation_keys => Err(
+                "scripted: slips, blame_leak and short_plan_bias belong to view = \"input-only\" \
+                 or \"task-tied\" (the free-text view flips verdicts at slip_rate)"
+                    .into(),
+            ),
+            View::Oracle | View::InputOnly | View::FreeText if self.difficulty_weight != 0.0 => {
                 Err("scripted: difficulty_weight belongs to view = \"task-tied\"".into())
             }
-            View::InputOnly | View::TaskTied if self.judge_against_input => Err(
-                "scripted: judge_against_input belongs to view = \"oracle\" (the input-only \
-                 view always judges against the input)"
+            View::InputOnly | View::TaskTied | View::FreeText if self.judge_against_input => Err(
+                "scripted: judge_against_input belongs to view = \"oracle\" (the other views \
+                 always judge against the input)"
                     .into(),
             ),
             _ => Ok(()),
@@ -303,12 +321,14 @@ impl ScriptedCoach {
                     tied,
                 };
                 let j = coach.judge(ctx, solution, &mut judging)?;
-                let q = if j.judged_right { 1.0 } else { JUDGED_WRONG };
-                let audit = Audit {
-                    judged_right: j.judged_right,
-                    truly_right: j.truly_right,
+                Ok(binary_verdict(j))
+            }
+            View::FreeText => {
+                let coach = FreeText {
+                    slip_rate: self.config.slip_rate,
+                    sees_ground_truth: self.sees_ground_truth,
                 };
-                Ok((q, j.why, j.bias, Some(audit)))
+                Ok(binary_verdict(coach.judge(ctx, solution, &mut judging)?))
             }
         }
     }
@@ -338,7 +358,7 @@ impl ScriptedCoach {
         let score = (raw.clamp(0.0, 10.0) * 10.0).round() / 10.0;
         let sees_answer = match self.config.view {
             View::Oracle => true,
-            View::InputOnly | View::TaskTied => self.sees_ground_truth,
+            View::InputOnly | View::TaskTied | View::FreeText => self.sees_ground_truth,
         };
         let answer_correct = match (
             &solution.answer,
@@ -373,6 +393,17 @@ impl ScriptedCoach {
             audit,
         })
     }
+}
+
+/// A right-or-wrong verdict as (quality, account, score offset, audit):
+/// quality 1 when judged right, [`JUDGED_WRONG`] when not.
+fn binary_verdict(j: input_only::Judgement) -> (f64, String, f64, Option<Audit>) {
+    let q = if j.judged_right { 1.0 } else { JUDGED_WRONG };
+    let audit = Audit {
+        judged_right: j.judged_right,
+        truly_right: j.truly_right,
+    };
+    (q, j.why, j.bias, Some(audit))
 }
 
 /// The name of an action's random streams: the sha256 of its context,

@@ -586,6 +586,20 @@ pub struct EnginePolicy<'a> {
 
 impl EnginePolicy<'_> {
     fn one(&self, request: &PolicyRequest, prompt_ids: Vec<u32>) -> Result<PolicyOutput, String> {
+        if !request.reply.stop.is_empty() {
+            return Err(format!(
+                "the {} agent's workflow entry sets stop strings {:?}, which rollouts by an \
+                 inference engine do not support yet: remove `stop` or roll out in process",
+                self.role, request.reply.stop
+            ));
+        }
+        let sampling = EngineSampling {
+            max_tokens: request
+                .reply
+                .max_new_tokens
+                .unwrap_or(self.sampling.max_tokens),
+            ..self.sampling
+        };
         let seed = request_seed(&self.seeds, &request.stream);
         let stop_token_ids = self.tokenizer.eos_token_ids();
         let mut reloaded = false;
@@ -604,7 +618,7 @@ impl EnginePolicy<'_> {
                 &CompletionRequest {
                     model: &model,
                     prompt_ids: &prompt_ids,
-                    sampling: &self.sampling,
+                    sampling: &sampling,
                     seed,
                     stop_token_ids,
                 },
@@ -617,7 +631,7 @@ impl EnginePolicy<'_> {
                         .decode(&completion.token_ids, true)
                         .map_err(|e| e.to_string())?;
                     return Ok(PolicyOutput {
-                        text,
+                        text: request.reply.prefix.clone() + &text,
                         prompt_ids,
                         completion_ids: completion.token_ids,
                         logprobs: completion.logprobs,
@@ -651,8 +665,13 @@ impl Policy for EnginePolicy<'_> {
         let mut prompts = Vec::with_capacity(requests.len());
         for request in requests {
             prompts.push(
-                render_prompt(self.template, self.tokenizer, &request.messages)
-                    .map_err(|e| fail(e.to_string()))?,
+                render_prompt(
+                    self.template,
+                    self.tokenizer,
+                    &request.messages,
+                    &request.reply.prefix,
+                )
+                .map_err(|e| fail(e.to_string()))?,
             );
         }
         let jobs: Vec<(&PolicyRequest, Vec<u32>)> = requests.iter().zip(prompts).collect();
@@ -759,6 +778,7 @@ mod tests {
         let request = PolicyRequest {
             messages: vec![Message::new("user", "Add 2 and 3.")],
             stream: "test/0".into(),
+            reply: Default::default(),
         };
         let out = policy.generate(&[request]);
         check(&engine, out);

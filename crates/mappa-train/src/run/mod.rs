@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::checkpoint::{load_checkpoint, save_checkpoint, TrainerState};
 use crate::manifest::Manifest;
-use crate::records::{append_jsonl, truncate_jsonl, EvalLine, MetricsLine};
+use crate::records::{append_jsonl, truncate_jsonl, EvalLine, EvalTrajectoryLine, MetricsLine};
 use crate::tasks::TaskSet;
 use crate::{AgentLearner, TrainError};
 use runner::{open_environment, Runner};
@@ -76,6 +76,11 @@ impl RunDir {
     /// `timing.jsonl`: one [`timing::TimingLine`] per evaluation and step.
     pub fn timing(&self) -> PathBuf {
         self.root.join("timing.jsonl")
+    }
+    /// `eval-trajectories.jsonl`: one [`EvalTrajectoryLine`] per evaluated
+    /// trajectory.
+    pub fn eval_trajectories(&self) -> PathBuf {
+        self.root.join("eval-trajectories.jsonl")
     }
     /// Scratch space for rollouts.
     pub fn work(&self) -> PathBuf {
@@ -137,14 +142,11 @@ pub fn evaluate_remote(
     let work = out_dir.join("work").join("eval-remote");
     let engine = RolloutEngine::new(&workflow, policies, &sandbox, &work)?;
     let trajectories = engine.run(&tasks.eval, manifest.eval.samples)?;
-    let mut line = stages::eval_line(0, &workflow, &tasks, &trajectories)?;
+    let (mut line, rows) = stages::eval_line(0, &workflow, &tasks, &trajectories)?;
     line.policy = Some(policy.name());
     remove_work(&work)?;
     let _ = std::fs::remove_dir(out_dir.join("work"));
-    append_jsonl(
-        &out_dir.join("eval.jsonl"),
-        &[MetricsLine::Eval(line.clone())],
-    )?;
+    write_evaluation(out_dir, &line, &rows)?;
     Ok(line)
 }
 
@@ -169,14 +171,25 @@ where
         Some(dir) => load_checkpoint(dir, &mut runner.learners)?.step,
         None => 0,
     };
-    let (mut line, _) = runner.evaluate(step)?;
+    let (mut line, rows, _) = runner.evaluate(step)?;
     line.checkpoint = checkpoint.map(|c| c.display().to_string());
+    write_evaluation(out_dir, &line, &rows)?;
+    let _ = std::fs::remove_dir(runner.dir.work());
+    Ok(line)
+}
+
+/// Append an evaluation of `mappa eval` to `out_dir/eval.jsonl`, and its
+/// trajectories to `out_dir/eval-trajectories.jsonl`.
+fn write_evaluation(
+    out_dir: &Path,
+    line: &EvalLine,
+    rows: &[EvalTrajectoryLine],
+) -> Result<(), TrainError> {
+    append_jsonl(&out_dir.join("eval-trajectories.jsonl"), rows)?;
     append_jsonl(
         &out_dir.join("eval.jsonl"),
         &[MetricsLine::Eval(line.clone())],
-    )?;
-    let _ = std::fs::remove_dir(runner.dir.work());
-    Ok(line)
+    )
 }
 
 /// The state a run starts from: a new run's (its old records removed), or
@@ -195,7 +208,11 @@ where
     if resume && runner.dir.checkpoint().exists() {
         state = load_checkpoint(&runner.dir.checkpoint(), &mut runner.learners)?;
     } else if !resume {
-        for file in [runner.dir.metrics(), runner.dir.trajectories()] {
+        for file in [
+            runner.dir.metrics(),
+            runner.dir.trajectories(),
+            runner.dir.eval_trajectories(),
+        ] {
             if file.exists() {
                 std::fs::remove_file(&file).map_err(|e| TrainError::io(&file, e))?;
             }
@@ -203,6 +220,7 @@ where
     }
     truncate_jsonl(&runner.dir.metrics(), state.step)?;
     truncate_jsonl(&runner.dir.trajectories(), state.step)?;
+    truncate_jsonl(&runner.dir.eval_trajectories(), state.step)?;
     Ok(state)
 }
 
@@ -250,8 +268,9 @@ where
     let bar = progress_bar(manifest, stop, state.step, options.progress);
     for step in state.step..stop {
         if eval_due(step) {
-            let (line, timing) = runner.evaluate(step)?;
+            let (line, rows, timing) = runner.evaluate(step)?;
             bar.set_message(format!("held-out accuracy {:.3}", line.accuracy));
+            append_jsonl(&runner.dir.eval_trajectories(), &rows)?;
             append_jsonl(&runner.dir.metrics(), &[MetricsLine::Eval(line)])?;
             append_jsonl(&runner.dir.timing(), &[timing])?;
         }
@@ -276,7 +295,8 @@ where
     }
     bar.finish_and_clear();
     let final_eval = if stop == total && has_eval {
-        let (line, timing) = runner.evaluate(total)?;
+        let (line, rows, timing) = runner.evaluate(total)?;
+        append_jsonl(&runner.dir.eval_trajectories(), &rows)?;
         append_jsonl(&runner.dir.metrics(), &[MetricsLine::Eval(line.clone())])?;
         append_jsonl(&runner.dir.timing(), &[timing])?;
         Some(line)

@@ -52,9 +52,30 @@ pub(super) fn open_environment(
     out_dir: &Path,
 ) -> Result<(Workflow, TaskSet, Sandbox), TrainError> {
     let workflow = Workflow::load(&manifest.workflow)?;
+    check_agent_limits(manifest, &workflow)?;
     let tasks = super::load_tasks(manifest, &out_dir.join("data"))?;
     let sandbox = Sandbox::new(SandboxConfig::discover()?)?;
     Ok((workflow, tasks, sandbox))
+}
+
+/// An agent's own `max_new_tokens` may lower the rollout's, never raise it
+/// (the memory plan counts the rollout's).
+fn check_agent_limits(manifest: &Manifest, workflow: &Workflow) -> Result<(), TrainError> {
+    let cap = manifest.rollout.max_new_tokens;
+    match workflow
+        .agents
+        .iter()
+        .find(|a| a.max_new_tokens.is_some_and(|n| n > cap))
+    {
+        Some(agent) => Err(TrainError::Config(format!(
+            "{}: agent {} has max_new_tokens = {}, above the manifest's rollout.max_new_tokens = {cap}, \
+             which bounds it: raise rollout.max_new_tokens or lower the agent's",
+            manifest.workflow.display(),
+            agent.role,
+            agent.max_new_tokens.unwrap_or_default()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The devices of `role` (`[devices] agents`; device 0 by default), the
@@ -369,4 +390,27 @@ fn engine_prefix(root: &Path) -> Result<String, TrainError> {
     let path = std::fs::canonicalize(root).map_err(|e| TrainError::io(root, e))?;
     let hash = mappa_core::hash::sha256_hex(path.display().to_string().as_bytes());
     Ok(format!("mappa-{}", &hash[..8]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_may_not_generate_more_than_the_rollout_allows() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let manifest = Manifest::load(&root.join("fixtures/manifests/tiny-arith.toml")).unwrap();
+        let mut workflow = Workflow::load(&manifest.workflow).unwrap();
+        workflow.agents[1].max_new_tokens = Some(manifest.rollout.max_new_tokens);
+        check_agent_limits(&manifest, &workflow).unwrap();
+        workflow.agents[1].max_new_tokens = Some(manifest.rollout.max_new_tokens + 1);
+        let err = check_agent_limits(&manifest, &workflow)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("agent code_executor has max_new_tokens = 11")
+                && err.contains("rollout.max_new_tokens = 10"),
+            "{err}"
+        );
+    }
 }

@@ -31,8 +31,8 @@ use mappa_credit::CreditConfig;
 use crate::learner::{AgentLearner, StepMetrics, TrainSample};
 use crate::loss::LossConfig;
 use crate::records::{
-    ActionLine, EvalLine, TrainLine, TrajectoryLine, UniformOutcome, UniformSetsLine,
-    SCHEMA_VERSION,
+    ActionLine, EvalActionLine, EvalLine, EvalTrajectoryLine, TrainLine, TrajectoryLine,
+    UniformOutcome, UniformSetsLine, SCHEMA_VERSION,
 };
 use crate::step::{
     build_samples, loss_config, ActionCredit, CreditedStep, RolloutAction, RolloutTrajectory,
@@ -252,24 +252,27 @@ pub(super) fn record(
 }
 
 /// An evaluation line: accuracy over `trajectories`, plus DSBench's fair
-/// metrics for tasks graded on a submission.
+/// metrics for tasks graded on a submission; and each trajectory's record
+/// (what the agents wrote, the graded outcome).
 pub(super) fn eval_line(
     step: usize,
     workflow: &Workflow,
     tasks: &TaskSet,
     trajectories: &[Trajectory],
-) -> Result<EvalLine, TrainError> {
+) -> Result<(EvalLine, Vec<EvalTrajectoryLine>), TrainError> {
     let by_id = by_id(&tasks.eval);
     let mut correct = 0.0;
     let mut submissions = Vec::new();
+    let mut rows = Vec::with_capacity(trajectories.len());
     for t in trajectories {
         let graded = tasks.grader.grade(workflow, task_of(&by_id, t)?, t)?;
         correct += graded.outcome;
+        rows.push(eval_trajectory_line(step, t, graded.outcome));
         if let Some(GroundTruth::Submission(outcome)) = graded.ground_truth {
             submissions.push(*outcome);
         }
     }
-    Ok(EvalLine {
+    let line = EvalLine {
         schema: SCHEMA_VERSION,
         step,
         accuracy: correct / trajectories.len().max(1) as f64,
@@ -277,15 +280,43 @@ pub(super) fn eval_line(
         tabular: (!submissions.is_empty()).then(|| FairSummary::from_outcomes(&submissions)),
         checkpoint: None,
         policy: None,
-    })
+    };
+    Ok((line, rows))
+}
+
+/// The record of one evaluated trajectory.
+fn eval_trajectory_line(step: usize, t: &Trajectory, outcome: f64) -> EvalTrajectoryLine {
+    EvalTrajectoryLine {
+        schema: SCHEMA_VERSION,
+        step,
+        task_id: t.task_id.clone(),
+        sample: t.sample,
+        outcome,
+        actions: t
+            .actions
+            .iter()
+            .map(|a| EvalActionLine {
+                role: a.role.clone(),
+                turn: a.turn,
+                text: a.text.clone(),
+                truncated: a.truncated,
+                code: a.code.clone(),
+                tool_observation: a.tool_observation.clone(),
+            })
+            .collect(),
+    }
 }
 
 impl<B: AutodiffModelBackend> Runner<'_, B>
 where
     mappa_model::Transformer<B::InnerBackend>: Send,
 {
-    /// Evaluate the current weights on the held-out tasks.
-    pub(super) fn evaluate(&self, step: usize) -> Result<(EvalLine, TimingLine), TrainError> {
+    /// Evaluate the current weights on the held-out tasks: the line, each
+    /// trajectory's record, and the time it took.
+    pub(super) fn evaluate(
+        &self,
+        step: usize,
+    ) -> Result<(EvalLine, Vec<EvalTrajectoryLine>, TimingLine), TrainError> {
         let start = Instant::now();
         let sandbox_before = self.sandbox.batch_time();
         let e = &self.manifest.eval;
@@ -297,7 +328,7 @@ where
             &mut |_, _| {},
         )?;
         let rollout_s = seconds(start.elapsed());
-        let line = eval_line(step, &self.workflow, &self.tasks, &trajectories)?;
+        let (line, rows) = eval_line(step, &self.workflow, &self.tasks, &trajectories)?;
         remove_work(&work)?;
         let timing = TimingLine {
             phase: "eval".into(),
@@ -307,7 +338,7 @@ where
             sandbox_s: seconds(self.sandbox.batch_time() - sandbox_before),
             ..TimingLine::default()
         };
-        Ok((line, timing))
+        Ok((line, rows, timing))
     }
 
     /// One training step on `batch`: the stages in order, each given what

@@ -19,6 +19,11 @@ use super::{expect_roles, settings_boilerplate, AnswerGrader, TaskFamily, TaskSe
 use mappa_env::slips::{rate_for, slip, SlipKind, MAX_DIFFICULTY_WEIGHT};
 use crate::TrainError;
 
+/// The most problems of one tier a split draws before giving up: the
+/// smallest tier (`one_step`) has 703 distinct problems, and the generator
+/// stops with a panic when asked for more of a tier than exist.
+const MAX_DRAWN_PER_TIER: usize = 600;
+
 /// Generated problems: how many, from which seed, and what agents and a
 /// scripted coach see of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -47,6 +52,42 @@ pub struct GeneratedMath {
     /// `\boxed{}`. Off by default: the paper grades the boxed answer.
     #[serde(default, skip_serializing_if = "is_false")]
     pub answer_fallbacks: bool,
+    /// Draw training and held-out problems from one part of the problem
+    /// space only ([`Split`]), so that problems looked at while choosing
+    /// settings never reach a registered run's held-out set, whatever the
+    /// seeds. None (the default): the whole space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
+}
+
+/// A fixed partition of the generated problems by their text's sha256
+/// (normalised as in the overlap checks): a quarter for choosing settings,
+/// the rest for registered runs. Seeds pick problems within a part; no
+/// seed reaches the other part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// The quarter whose hash's first byte is a multiple of 4.
+    Validation,
+    /// The other three quarters.
+    Test,
+}
+
+impl Split {
+    /// Whether `problem` belongs to this part.
+    pub fn holds(self, problem: &GeneratedProblem) -> bool {
+        let hash = mappa_core::hash::sha256_hex(normalize_problem_text(&problem.prompt).as_bytes());
+        let first = u8::from_str_radix(&hash[..2], 16).expect("sha256 hex");
+        (first % 4 == 0) == (self == Split::Validation)
+    }
+
+    /// Its name in a manifest.
+    pub fn name(self) -> &'static str {
+        match self {
+            Split::Validation => "validation",
+            Split::Test => "test",
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -71,6 +112,41 @@ pub enum CheckpointKind {
 impl GeneratedMath {
     fn tiers(&self) -> &[Tier] {
         self.tiers.as_deref().unwrap_or(&Tier::ALL)
+    }
+
+    /// `n` problems under `seed` from the manifest's split: the first `n`
+    /// of the tiers' mix that belong to it (the whole mix without a split).
+    /// A split too small for `n` is an error naming it.
+    fn draw(&self, n: usize, seed: u64) -> Result<Vec<GeneratedProblem>, TrainError> {
+        let Some(split) = self.split else {
+            return Ok(generate_mix_of(self.tiers(), n, seed));
+        };
+        // A quarter (validation) or three quarters (test) of the mix
+        // belong to the split; draw with a margin, then more if short.
+        let mut want = match split {
+            Split::Validation => 4 * n + 32,
+            Split::Test => n * 3 / 2 + 32,
+        };
+        for _ in 0..6 {
+            if want.div_ceil(self.tiers().len().max(1)) > MAX_DRAWN_PER_TIER {
+                break;
+            }
+            let drawn: Vec<GeneratedProblem> = generate_mix_of(self.tiers(), want, seed)
+                .into_iter()
+                .filter(|p| split.holds(p))
+                .take(n)
+                .collect();
+            if drawn.len() == n {
+                return Ok(drawn);
+            }
+            want += want / 4;
+        }
+        Err(TrainError::Config(format!(
+            "data.split = \"{}\": the tiers {:?} do not have {n} distinct problems in this split \
+             under seed {seed}: ask for fewer, or add a tier with more problems",
+            split.name(),
+            self.tiers().iter().map(|t| t.name()).collect::<Vec<_>>()
+        )))
     }
 
     /// What agents see of a problem: the whole prompt (with the
@@ -115,7 +191,7 @@ impl TaskFamily for GeneratedMath {
     }
 
     fn load(&self, _data_dir: &Path) -> Result<TaskSet, TrainError> {
-        let train = generate_mix_of(self.tiers(), self.train, self.seed);
+        let train = self.draw(self.train, self.seed)?;
         let seen: HashSet<String> = train
             .iter()
             .map(|p| normalize_problem_text(&p.prompt))
@@ -124,7 +200,8 @@ impl TaskFamily for GeneratedMath {
             .stream("data/eval-seed")
             .next_u64();
         // Draw extra and drop any that repeat a training problem.
-        let eval: Vec<_> = generate_mix_of(self.tiers(), self.eval * 2 + 8, eval_seed)
+        let eval: Vec<_> = self
+            .draw(self.eval * 2 + 8, eval_seed)?
             .into_iter()
             .filter(|p| !seen.contains(&normalize_problem_text(&p.prompt)))
             .take(self.eval)
@@ -351,6 +428,7 @@ mod tests {
         let request = |user: &str| PolicyRequest {
             messages: vec![Message::new("system", "s"), Message::new("user", user)],
             stream: "t".into(),
+            reply: Default::default(),
         };
         let e = policies[1]
             .generate(&[request("The solver's work: 3 + 4")])
@@ -376,6 +454,7 @@ mod tests {
         let request = |user: &str| PolicyRequest {
             messages: vec![Message::new("system", "s"), Message::new("user", user)],
             stream: "t".into(),
+            reply: Default::default(),
         };
         let text = |policies: &[ScriptedPolicy], agent: usize, user: &str| {
             policies[agent].generate(&[request(user)]).unwrap()[0].text.clone()
@@ -404,5 +483,57 @@ mod tests {
         let four: Vec<String> = roles[..4].to_vec();
         let e = expect_roles("arith", &four, &ARITH_CHAINS).unwrap_err().to_string();
         assert!(e.contains("plan_checker -> code_executor -> output_reader"), "{e}");
+    }
+
+    fn settings(split: Option<Split>, train: usize, eval: usize) -> GeneratedMath {
+        GeneratedMath {
+            train,
+            eval,
+            seed: 5,
+            coach_checkpoints: CheckpointKind::Steps,
+            instruction: false,
+            tiers: Some(vec![Tier::OneStep, Tier::SmallArithmetic]),
+            answer_fallbacks: true,
+            split,
+        }
+    }
+
+    #[test]
+    fn splits_partition_the_problems_whatever_the_seed() {
+        let texts = |split, seed| -> HashSet<String> {
+            let mut s = settings(Some(split), 40, 40);
+            s.seed = seed;
+            let tasks = s.load(Path::new(".")).unwrap();
+            assert_eq!((tasks.train.len(), tasks.eval.len()), (40, 40));
+            tasks
+                .train
+                .iter()
+                .chain(&tasks.eval)
+                .map(|t| normalize_problem_text(&t.text))
+                .collect()
+        };
+        let validation: HashSet<String> = [1, 2, 3].iter().flat_map(|&seed| texts(Split::Validation, seed)).collect();
+        let test: HashSet<String> = [1, 2, 3].iter().flat_map(|&seed| texts(Split::Test, seed)).collect();
+        assert!(validation.is_disjoint(&test));
+        // About a quarter of the space is validation's.
+        let problems = generate_mix_of(&[Tier::SmallArithmetic], 2000, 9);
+        let share = problems.iter().filter(|p| Split::Validation.holds(p)).count() as f64 / 2000.0;
+        assert!((0.2..0.3).contains(&share), "{share}");
+        assert!(problems.iter().all(|p| Split::Validation.holds(p) != Split::Test.holds(p)));
+    }
+
+    #[test]
+    fn a_split_too_small_is_named_and_no_split_changes_nothing() {
+        let mut s = settings(Some(Split::Validation), 300, 10);
+        s.tiers = Some(vec![Tier::OneStep]);
+        let Err(err) = s.load(Path::new(".")) else {
+            panic!("300 one-step problems fit in the validation split");
+        };
+        let err = err.to_string();
+        assert!(err.contains("data.split = \"validation\"") && err.contains("one_step"), "{err}");
+        let plain = settings(None, 12, 4).load(Path::new(".")).unwrap();
+        let expected = generate_mix_of(&[Tier::OneStep, Tier::SmallArithmetic], 12, 5);
+        let ids: Vec<&str> = plain.train.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(ids, expected.iter().map(|p| p.id.as_str()).collect::<Vec<_>>());
     }
 }
