@@ -385,7 +385,7 @@ mod tests {
     /// An evaluation line of `eval-trajectories.jsonl`.
     fn line(step: usize, task: usize, right: bool) -> String {
         serde_json::json!({
-            "schema": 1, "step": step, "task_id": format!("t{task}"), "sample": 0,
+            "schema": 1, "step": step, "task_id": format!("t{task}"), "sample": 0, "task": "",
             "outcome": if right { 1.0 } else { 0.0 }, "actions": []
         })
         .to_string()

@@ -244,6 +244,12 @@ pub struct EvalTrajectoryLine {
     pub task_id: String,
     /// Which sample of the task.
     pub sample: usize,
+    /// The task's text, as the agents saw it (before the workflow's suffix).
+    #[serde(default)]
+    pub task: String,
+    /// The reference answer, where the task has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
     /// The graded outcome.
     pub outcome: f64,
     /// Every action, in order.
@@ -257,6 +263,10 @@ pub struct EvalActionLine {
     pub role: String,
     /// The action's number within the agent's turn.
     pub turn: usize,
+    /// The last message the agent was given (its prompt, or its tool's
+    /// output on a later turn).
+    #[serde(default)]
+    pub input: String,
     /// What the agent wrote.
     pub text: String,
     /// Generation hit the token limit.

@@ -753,6 +753,7 @@ mod tests {
     /// `handler`.
     fn with_policy(
         handler: impl Fn(&mappa_judge::testing::Request) -> Reply + Send + Sync + 'static,
+        reply: mappa_agents::ReplyFormat,
         check: impl FnOnce(&Engine, Result<Vec<PolicyOutput>, AgentError>),
     ) {
         let fixture =
@@ -778,7 +779,7 @@ mod tests {
         let request = PolicyRequest {
             messages: vec![Message::new("user", "Add 2 and 3.")],
             stream: "test/0".into(),
-            reply: Default::default(),
+            reply,
         };
         let out = policy.generate(&[request]);
         check(&engine, out);
@@ -788,6 +789,7 @@ mod tests {
     fn a_completion_from_another_adapter_version_is_refused() {
         with_policy(
             |_| completion("run-solver-v1"),
+            Default::default(),
             |_, out| {
                 let err = out.unwrap_err().to_string();
                 assert!(
@@ -821,6 +823,7 @@ mod tests {
                     completion("run-solver-v2")
                 }
             },
+            Default::default(),
             |engine, out| {
                 let out = out.unwrap();
                 assert_eq!(engine.reloads(), 1);
@@ -828,6 +831,38 @@ mod tests {
                 assert_eq!(out[0].logprobs, [-0.5, -1.5]);
                 assert!(out[0].truncated);
                 assert!(!out[0].prompt_ids.is_empty());
+            },
+        );
+    }
+
+    #[test]
+    fn an_agents_prefix_is_sent_and_its_stop_strings_refused() {
+        let prefix = mappa_agents::ReplyFormat {
+            prefix: "Plan:".into(),
+            max_new_tokens: Some(1),
+            ..Default::default()
+        };
+        with_policy(
+            |request| {
+                assert_eq!(request.body["max_tokens"], 1);
+                completion("run-solver-v2")
+            },
+            prefix,
+            |_, out| assert!(out.unwrap()[0].text.starts_with("Plan:")),
+        );
+        let stop = mappa_agents::ReplyFormat {
+            stop: vec!["\n".into()],
+            ..Default::default()
+        };
+        with_policy(
+            |_| panic!("a request with stop strings was sent"),
+            stop,
+            |_, out| {
+                let err = out.unwrap_err().to_string();
+                assert!(
+                    err.contains("stop strings") && err.contains("solver"),
+                    "{err}"
+                );
             },
         );
     }

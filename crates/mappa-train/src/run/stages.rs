@@ -265,9 +265,10 @@ pub(super) fn eval_line(
     let mut submissions = Vec::new();
     let mut rows = Vec::with_capacity(trajectories.len());
     for t in trajectories {
-        let graded = tasks.grader.grade(workflow, task_of(&by_id, t)?, t)?;
+        let task = task_of(&by_id, t)?;
+        let graded = tasks.grader.grade(workflow, task, t)?;
         correct += graded.outcome;
-        rows.push(eval_trajectory_line(step, t, graded.outcome));
+        rows.push(eval_trajectory_line(step, task, t, graded.outcome));
         if let Some(GroundTruth::Submission(outcome)) = graded.ground_truth {
             submissions.push(*outcome);
         }
@@ -284,13 +285,20 @@ pub(super) fn eval_line(
     Ok((line, rows))
 }
 
-/// The record of one evaluated trajectory.
-fn eval_trajectory_line(step: usize, t: &Trajectory, outcome: f64) -> EvalTrajectoryLine {
+/// The record of one evaluated trajectory of `task`.
+fn eval_trajectory_line(
+    step: usize,
+    task: &TaskInput,
+    t: &Trajectory,
+    outcome: f64,
+) -> EvalTrajectoryLine {
     EvalTrajectoryLine {
         schema: SCHEMA_VERSION,
         step,
         task_id: t.task_id.clone(),
         sample: t.sample,
+        task: task.text.clone(),
+        reference: task.ground_truth.clone(),
         outcome,
         actions: t
             .actions
@@ -298,6 +306,11 @@ fn eval_trajectory_line(step: usize, t: &Trajectory, outcome: f64) -> EvalTrajec
             .map(|a| EvalActionLine {
                 role: a.role.clone(),
                 turn: a.turn,
+                input: a
+                    .messages
+                    .last()
+                    .map(|m| m.content.clone())
+                    .unwrap_or_default(),
                 text: a.text.clone(),
                 truncated: a.truncated,
                 code: a.code.clone(),

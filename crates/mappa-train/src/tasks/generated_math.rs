@@ -114,39 +114,43 @@ impl GeneratedMath {
         self.tiers.as_deref().unwrap_or(&Tier::ALL)
     }
 
-    /// `n` problems under `seed` from the manifest's split: the first `n`
-    /// of the tiers' mix that belong to it (the whole mix without a split).
-    /// A split too small for `n` is an error naming it.
-    fn draw(&self, n: usize, seed: u64) -> Result<Vec<GeneratedProblem>, TrainError> {
-        let Some(split) = self.split else {
-            return Ok(generate_mix_of(self.tiers(), n, seed));
-        };
+    /// `n` problems under `seed` from the manifest's split, none of them in
+    /// `exclude` (normalised texts): the first `n` of the tiers' mix that
+    /// qualify. A split too small for `n` is an error naming it.
+    fn draw_from_split(
+        &self,
+        split: Split,
+        n: usize,
+        seed: u64,
+        exclude: &HashSet<String>,
+    ) -> Result<Vec<GeneratedProblem>, TrainError> {
         // A quarter (validation) or three quarters (test) of the mix
         // belong to the split; draw with a margin, then more if short.
         let mut want = match split {
-            Split::Validation => 4 * n + 32,
-            Split::Test => n * 3 / 2 + 32,
+            Split::Validation => 4 * (n + exclude.len()) + 32,
+            Split::Test => (n + exclude.len()) * 3 / 2 + 32,
         };
-        for _ in 0..6 {
-            if want.div_ceil(self.tiers().len().max(1)) > MAX_DRAWN_PER_TIER {
-                break;
-            }
-            let drawn: Vec<GeneratedProblem> = generate_mix_of(self.tiers(), want, seed)
+        let per_tier_cap = MAX_DRAWN_PER_TIER * self.tiers().len().max(1);
+        loop {
+            let drawn: Vec<GeneratedProblem> = generate_mix_of(self.tiers(), want.min(per_tier_cap), seed)
                 .into_iter()
-                .filter(|p| split.holds(p))
+                .filter(|p| split.holds(p) && !exclude.contains(&normalize_problem_text(&p.prompt)))
                 .take(n)
                 .collect();
             if drawn.len() == n {
                 return Ok(drawn);
             }
+            if want >= per_tier_cap {
+                return Err(TrainError::Config(format!(
+                    "data.split = \"{}\": the tiers {:?} do not have {n} distinct problems in this \
+                     split under seed {seed}{}: ask for fewer, or add a tier with more problems",
+                    split.name(),
+                    self.tiers().iter().map(|t| t.name()).collect::<Vec<_>>(),
+                    if exclude.is_empty() { String::new() } else { format!(" besides the {} training problems", exclude.len()) }
+                )));
+            }
             want += want / 4;
         }
-        Err(TrainError::Config(format!(
-            "data.split = \"{}\": the tiers {:?} do not have {n} distinct problems in this split \
-             under seed {seed}: ask for fewer, or add a tier with more problems",
-            split.name(),
-            self.tiers().iter().map(|t| t.name()).collect::<Vec<_>>()
-        )))
     }
 
     /// What agents see of a problem: the whole prompt (with the
@@ -191,7 +195,11 @@ impl TaskFamily for GeneratedMath {
     }
 
     fn load(&self, _data_dir: &Path) -> Result<TaskSet, TrainError> {
-        let train = self.draw(self.train, self.seed)?;
+        let no_exclusions = HashSet::new();
+        let train = match self.split {
+            Some(split) => self.draw_from_split(split, self.train, self.seed, &no_exclusions)?,
+            None => generate_mix_of(self.tiers(), self.train, self.seed),
+        };
         let seen: HashSet<String> = train
             .iter()
             .map(|p| normalize_problem_text(&p.prompt))
@@ -199,13 +207,15 @@ impl TaskFamily for GeneratedMath {
         let eval_seed = SeedTree::new(self.seed)
             .stream("data/eval-seed")
             .next_u64();
-        // Draw extra and drop any that repeat a training problem.
-        let eval: Vec<_> = self
-            .draw(self.eval * 2 + 8, eval_seed)?
-            .into_iter()
-            .filter(|p| !seen.contains(&normalize_problem_text(&p.prompt)))
-            .take(self.eval)
-            .collect();
+        let eval = match self.split {
+            Some(split) => self.draw_from_split(split, self.eval, eval_seed, &seen)?,
+            // Draw extra and drop any that repeat a training problem.
+            None => generate_mix_of(self.tiers(), self.eval * 2 + 8, eval_seed)
+                .into_iter()
+                .filter(|p| !seen.contains(&normalize_problem_text(&p.prompt)))
+                .take(self.eval)
+                .collect(),
+        };
         if eval.len() < self.eval {
             return Err(TrainError::Config(format!(
                 "data: only {} held-out problems disjoint from training",
