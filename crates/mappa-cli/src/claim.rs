@@ -135,11 +135,14 @@ fn outcomes(run_dir: &Path) -> anyhow::Result<Outcomes> {
     Ok(by_step)
 }
 
-/// The first and last evaluations, paired by problem: (key, before, after).
-fn paired(
-    by_step: &Outcomes,
-    run_dir: &Path,
-) -> anyhow::Result<(usize, usize, Vec<((String, usize), bool, bool)>)> {
+/// One problem's outcome before and after training, keyed (task, sample).
+type PairedProblem = ((String, usize), bool, bool);
+
+/// The first and last evaluations' steps, and their problems paired.
+type Paired = (usize, usize, Vec<PairedProblem>);
+
+/// The first and last evaluations, paired by problem.
+fn paired(by_step: &Outcomes, run_dir: &Path) -> anyhow::Result<Paired> {
     let (Some((&first, before)), Some((&last, after))) =
         (by_step.first_key_value(), by_step.last_key_value())
     else {
@@ -335,7 +338,16 @@ fn section(manifest: &Manifest, claim: &Claim, r: &ClaimResult) -> String {
         None => {}
     }
     let _ = writeln!(md, "\nPower, as registered: {}.", r.power.sentence(r.alpha));
-    match &r.registration {
+    md.push_str(&registration_lines(r.registration.as_ref()));
+    md.push_str("\n![held-out accuracy](learning-curve.svg)\n\nFiles: `per_problem.csv` (each problem before and after), `claim.json`, `recompute.py` (`python3 recompute.py per_problem.csv` gives the p-value again).\n\n");
+    md
+}
+
+/// The report's lines on the registration: the commit, and anything that
+/// changed after it.
+fn registration_lines(registration: Option<&Result<Registration, String>>) -> String {
+    let mut md = String::new();
+    match registration {
         Some(Ok(reg)) => {
             let _ = writeln!(
                 md,
@@ -364,7 +376,6 @@ fn section(manifest: &Manifest, claim: &Claim, r: &ClaimResult) -> String {
         }
         None => {}
     }
-    md.push_str("\n![held-out accuracy](learning-curve.svg)\n\nFiles: `per_problem.csv` (each problem before and after), `claim.json`, `recompute.py` (`python3 recompute.py per_problem.csv` gives the p-value again).\n\n");
     md
 }
 

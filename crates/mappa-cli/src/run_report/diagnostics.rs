@@ -154,3 +154,44 @@ pub(super) fn section(steps: &BTreeMap<(usize, String), RoleStep>, roles: &[Stri
     }
     md
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trajectory(step: usize, solver: (&str, f64, f64), truncated: bool) -> TrajectoryLine {
+        let (text, reward, advantage) = solver;
+        serde_json::from_value(serde_json::json!({
+            "step": step, "task_id": "t", "sample": 0, "outcome": 0.0,
+            "actions": [{"role": "problem_solver", "turn": 0, "text": text, "truncated": truncated,
+                "score": 0.0, "rationale": "", "coach_fallback": false,
+                "reward": reward, "advantage_mean": advantage}]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn spreads_truncation_and_readability_are_per_step_and_role() {
+        let trajectories = [
+            trajectory(0, ("Plan: 3 + 4", 1.0, 1.0), false),
+            trajectory(0, ("Plan:", 0.0, -1.0), true),
+            trajectory(1, ("Plan: 2 * 5", 1.0, 0.0), false),
+            trajectory(1, ("Plan: 2 * 6", 1.0, 0.0), false),
+        ];
+        let metrics: Vec<MetricsLine> = Vec::new();
+        let steps = per_step(&metrics, &trajectories, true);
+        let first = &steps[&(0, "problem_solver".to_string())];
+        assert_eq!((first.reward_std, first.advantage_std), (0.5, 1.0));
+        assert_eq!((first.truncated, first.readable), (0.5, Some(0.5)));
+        let second = &steps[&(1, "problem_solver".to_string())];
+        assert_eq!((second.reward_std, second.readable), (0.0, Some(1.0)));
+        assert_eq!(
+            per_step(&metrics, &trajectories, false)[&(0, "problem_solver".to_string())].readable,
+            None
+        );
+        let md = section(&steps, &["problem_solver".to_string()]);
+        assert!(md.contains("steps 0-0 (early) and 1-1 (late)"), "{md}");
+        assert!(md.contains("| problem_solver | 0.500 -> 0.000 | 1.000 -> 0.000 | - -> - | 50% -> 0% | 50% -> 100% |"), "{md}");
+        assert!(csv(&steps).starts_with("step,role,reward_std,advantage_std,kl,truncated,readable\n0,problem_solver,0.500000,1.000000,,0.500000,0.500000\n"));
+    }
+}

@@ -78,7 +78,7 @@ impl Split {
     pub fn holds(self, problem: &GeneratedProblem) -> bool {
         let hash = mappa_core::hash::sha256_hex(normalize_problem_text(&problem.prompt).as_bytes());
         let first = u8::from_str_radix(&hash[..2], 16).expect("sha256 hex");
-        (first % 4 == 0) == (self == Split::Validation)
+        first.is_multiple_of(4) == (self == Split::Validation)
     }
 
     /// Its name in a manifest.
