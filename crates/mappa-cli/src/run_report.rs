@@ -261,7 +261,18 @@ fn time_section(timing: &[TimingLine]) -> String {
         let eval_wall = sum("eval", &|t| t.wall_s);
         let total = train_wall + eval_wall;
         let rows = [
-            ("evaluation (all of it)", eval_wall),
+            (
+                "evaluation: generation (rollout minus sandbox)",
+                sum("eval", &|t| t.rollout_s - t.sandbox_s),
+            ),
+            (
+                "evaluation: sandbox (programs)",
+                sum("eval", &|t| t.sandbox_s),
+            ),
+            (
+                "evaluation: the rest (grading, records)",
+                sum("eval", &|t| t.wall_s - t.rollout_s),
+            ),
             (
                 "training: generation (rollout minus sandbox)",
                 sum("train", &|t| t.rollout_s - t.sandbox_s),
