@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{anyhow, bail};
 use mappa_core::mcnemar;
@@ -377,16 +377,6 @@ fn registration_lines(registration: Option<&Result<Registration, String>>) -> St
         None => {}
     }
     md
-}
-
-/// Where the claim's analysis code lives, for its registration.
-pub fn analysis_files() -> Vec<PathBuf> {
-    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
-    vec![
-        cli.join("src/claim.rs"),
-        cli.join("src/claim/recompute.py"),
-        cli.join("../mappa-core/src/mcnemar.rs"),
-    ]
 }
 
 #[cfg(test)]

@@ -298,7 +298,7 @@ fn single_run(manifest: &Manifest, path: &Path, runs_dir: &Path) -> anyhow::Resu
         .claim
         .as_ref()
         .filter(|c| c.confirmatory)
-        .map(|_| crate::study::registration::find_with(path, &crate::claim::analysis_files()));
+        .map(|_| crate::study::registration::find_claim(path));
     let (_, id) = crate::rundir::lock_and_id(manifest)?;
     let existing = runs_dir.join(format!("{}-{}", manifest.name, &id[..12]));
     let resume = existing.join("checkpoints").join("latest").exists();

@@ -28,14 +28,33 @@ pub struct Registration {
     pub modified: Vec<String>,
 }
 
+/// Files given relative to this crate's directory, as paths in this
+/// repository.
+fn cli_files(relative: &[&str]) -> Vec<PathBuf> {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
+    relative.iter().map(|f| cli.join(f)).collect()
+}
+
 /// The analysis code a verdict depends on, as paths in this repository.
 fn analysis_files() -> Vec<PathBuf> {
-    let cli = Path::new(env!("CARGO_MANIFEST_DIR"));
-    vec![
-        cli.join("src/study/verdict.rs"),
-        cli.join("src/study/summarise.rs"),
-        cli.join("../mappa-core/src/paired.rs"),
-    ]
+    cli_files(&[
+        "src/study/verdict.rs",
+        "src/study/summarise.rs",
+        "../mappa-core/src/paired.rs",
+    ])
+}
+
+/// [`find`] for a single run's claim (`crate::claim`), whose analysis code
+/// is the claim's module, its recomputing script and McNemar's test.
+pub fn find_claim(manifest: &Path) -> Result<Registration, String> {
+    find_with(
+        manifest,
+        &cli_files(&[
+            "src/claim.rs",
+            "src/claim/recompute.py",
+            "../mappa-core/src/mcnemar.rs",
+        ]),
+    )
 }
 
 /// Run git in `dir`; its standard output, or why it failed.
@@ -84,9 +103,8 @@ fn factorial_analysis_files() -> Vec<PathBuf> {
     files
 }
 
-/// [`find`] with the analysis code in `analysis` (a single run's claim:
-/// `crate::claim::analysis_files`).
-pub fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, String> {
+/// [`find`] with the analysis code in `analysis`.
+fn find_with(manifest: &Path, analysis: &[PathBuf]) -> Result<Registration, String> {
     let dir = manifest
         .parent()
         .ok_or_else(|| format!("{}: no directory", manifest.display()))?;
