@@ -316,6 +316,17 @@ mod tests {
                 .reply_format(),
             crate::policy::ReplyFormat::default()
         );
+        // The Verifier sees at most the first 1000 characters of the output.
+        let mut upstream = BTreeMap::new();
+        upstream.insert(
+            "code_executor".to_string(),
+            Upstream {
+                tool_output: "7".repeat(5000),
+                ..Default::default()
+            },
+        );
+        let prompt = render_prompt(&w.agents[2], "t", &[], &upstream).unwrap();
+        assert_eq!(prompt, format!("Output:\n{}", "7".repeat(1000)));
         w.agents[1].max_new_tokens = Some(0);
         let err = w.validate().unwrap_err();
         assert!(

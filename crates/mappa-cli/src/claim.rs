@@ -281,6 +281,16 @@ fn learning_curve(run_dir: &Path, by_step: &Outcomes) -> anyhow::Result<()> {
     )
 }
 
+/// A p-value as a person reads it: four decimals, or two significant
+/// digits in scientific notation below 0.001 (where four decimals say 0).
+fn p_text(p: f64) -> String {
+    if p >= 1e-3 {
+        format!("{p:.4}")
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
 /// The report's section on the claim.
 fn section(manifest: &Manifest, claim: &Claim, r: &ClaimResult) -> String {
     let mut md = String::from("## The claim: did training raise held-out accuracy?\n\n");
@@ -325,8 +335,10 @@ fn section(manifest: &Manifest, claim: &Claim, r: &ClaimResult) -> String {
     );
     let _ = writeln!(
         md,
-        "Problems gained (wrong before, right after): {}; lost (right before, wrong after): {}. One-sided p = {:.4}.",
-        r.gained, r.lost, r.p_value
+        "Problems gained (wrong before, right after): {}; lost (right before, wrong after): {}. One-sided p = {}.",
+        r.gained,
+        r.lost,
+        p_text(r.p_value)
     );
     match r.verdict {
         Some(true) => {
@@ -382,6 +394,12 @@ fn registration_lines(registration: Option<&Result<Registration, String>>) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_p_values_are_not_printed_as_zero() {
+        assert_eq!(p_text(0.0312), "0.0312");
+        assert_eq!(p_text(3.4e-21), "3.4e-21");
+    }
 
     /// An evaluation line of `eval-trajectories.jsonl`.
     fn line(step: usize, task: usize, right: bool) -> String {
