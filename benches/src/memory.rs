@@ -521,6 +521,7 @@ pub fn samples_of<B: AutodiffModelBackend>(
                     completion,
                     old_logprobs,
                     ref_logprobs,
+                    is_weights: Vec::new(),
                     reward: a as f64,
                 }
             },

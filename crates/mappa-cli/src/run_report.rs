@@ -118,7 +118,46 @@ fn render(
     let mut md = format!("# Run `{}`\n\n", run_dir.display());
     md.push_str(&accuracy_section(metrics));
     md.push_str(&coach_section(last_role, coach_note, metrics, trajectories));
+    md.push_str(&mismatch_section(metrics));
     md.push_str(&time_section(timing));
+    md
+}
+
+/// Per training step and agent, how far the rollout's log-probs were from
+/// the trainer's, and what a rollout correction did; nothing when no step
+/// measured it.
+fn mismatch_section(metrics: &[MetricsLine]) -> String {
+    let trains: Vec<_> = metrics.iter().filter_map(MetricsLine::as_train).collect();
+    if trains.iter().all(|t| t.rollout_mismatch.is_empty()) {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n## Rollout-trainer mismatch\n\n\
+         Per valid token, `d = log p_train - log p_rollout` (the trainer's recomputation \
+         against the log-probs the rollout reported); KL(rollout || train) by the k3 \
+         estimator, mean per token; out of band: the share of tokens whose ratio \
+         `exp(d)` lies outside `train.mismatch_band`.\n\n\
+         | step | agent | tokens | mean abs d | max abs d | KL | out of band | masked | mean weight |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for t in &trains {
+        for (role, m) in &t.rollout_mismatch {
+            let (masked, weight) = match t.rollout_correction.get(role) {
+                Some(c) => (percent(c.masked, c.tokens), format!("{:.3}", c.mean_weight)),
+                None => ("-".into(), "-".into()),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {role} | {} | {:.2e} | {:.2e} | {:.2e} | {:.2}% | {masked} | {weight} |",
+                t.step,
+                m.tokens,
+                m.mean_abs,
+                m.max_abs,
+                m.kl,
+                100.0 * m.out_of_band
+            );
+        }
+    }
     md
 }
 
@@ -369,6 +408,25 @@ mod tests {
         assert!(
             text.contains("; after a resume, by sglang 0.5.24"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn the_mismatch_is_tabled_per_step_and_agent_when_measured() {
+        let line = |extra: &str| -> MetricsLine {
+            serde_json::from_str(&format!(
+                r#"{{"kind":"train","step":3,"train_accuracy":0.5,"coach_mean_score":{{}},"tool_call_rate":null,"agents":[]{extra}}}"#
+            ))
+            .unwrap()
+        };
+        assert_eq!(mismatch_section(&[line("")]), "");
+        let measured = line(
+            r#","rollout_mismatch":{"solver":{"tokens":40,"mean_abs":0.012,"max_abs":0.5,"kl":0.0003,"out_of_band":0.025}},"rollout_correction":{"solver":{"tokens":40,"masked":1,"mean_weight":0.98,"max_weight":1.9}}"#,
+        );
+        let md = mismatch_section(&[measured]);
+        assert!(
+            md.contains("| 3 | solver | 40 | 1.20e-2 | 5.00e-1 | 3.00e-4 | 2.50% | 2.5% | 0.980 |"),
+            "{md}"
         );
     }
 

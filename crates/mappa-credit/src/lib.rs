@@ -13,6 +13,10 @@
 //!
 //! [`CreditConfig`] bundles the choices; its [`Default`] is the paper's setup.
 //!
+//! Beside them, on the same plain numbers: [`mismatch`] measures how far the
+//! rollout policy's log-probs are from the trainer's, and [`correction`]
+//! turns that into importance weights (`[train] rollout_correction`).
+//!
 //! # The menu (what an experiment manifest picks)
 //!
 //! Strategies, `strategy = { kind = "..." }`:
@@ -58,12 +62,16 @@
 
 #![warn(missing_docs)]
 
+pub mod correction;
+pub mod mismatch;
 pub mod normalise;
 pub mod shaping;
 pub mod strategy;
 
 use serde::{Deserialize, Serialize};
 
+pub use correction::{Corrected, CorrectionLevel, CorrectionMode, RolloutCorrection};
+pub use mismatch::{Mismatch, MismatchBand, MismatchTally};
 pub use normalise::{advantages, normalise, NormScope, Normalised, SampleKey, UniformSets};
 pub use shaping::{shape, KlConfig, KlEstimator, KlPlacement, Shaped};
 pub use strategy::{CreditStrategy, ScoredAction, ScoredTrajectory};

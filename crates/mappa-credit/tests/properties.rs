@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use mappa_credit::{
-    advantages, normalise, shape, CreditStrategy, KlConfig, KlEstimator, KlPlacement, NormScope,
-    SampleKey, ScoredAction, ScoredTrajectory, UniformSets,
+    advantages, normalise, shape, CorrectionLevel, CorrectionMode, CreditStrategy, KlConfig,
+    KlEstimator, KlPlacement, NormScope, RolloutCorrection, SampleKey, ScoredAction,
+    ScoredTrajectory, UniformSets,
 };
 use proptest::prelude::*;
 
@@ -399,6 +400,90 @@ proptest! {
                     }
                 }
             }
+        }
+    }
+}
+
+fn corrections() -> impl Strategy<Value = RolloutCorrection> {
+    (
+        prop_oneof![
+            Just(CorrectionLevel::Token),
+            Just(CorrectionLevel::Sequence)
+        ],
+        prop_oneof![Just(CorrectionMode::Truncate), Just(CorrectionMode::Mask)],
+        1.0..5.0f64,
+        prop::option::of(0.05..1.0f64),
+    )
+        .prop_map(|(level, mode, threshold, low)| RolloutCorrection {
+            level,
+            mode,
+            threshold,
+            threshold_low: low.filter(|_| mode == CorrectionMode::Mask),
+        })
+}
+
+/// One action's trainer and rollout log-probs and its mask.
+fn action() -> impl Strategy<Value = (Vec<f64>, Vec<f64>, Vec<bool>)> {
+    (1..12usize).prop_flat_map(|len| {
+        (
+            prop::collection::vec(-12.0..0.0f64, len),
+            prop::collection::vec(-12.0..0.0f64, len),
+            prop::collection::vec(any::<bool>(), len),
+        )
+    })
+}
+
+proptest! {
+    // Rollout correction (`mappa_credit::correction`).
+
+    #[test]
+    fn with_equal_log_probs_every_correction_is_the_plain_loss(
+        correction in corrections(),
+        (train, _, mask) in action(),
+    ) {
+        // Tokens outside the mask weigh nothing in the loss, whatever their weight.
+        let out = correction.apply(&train, &train, &mask);
+        prop_assert_eq!(&out.mask, &mask);
+        for (&w, _) in out.weights.iter().zip(&mask).filter(|(_, &m)| m) {
+            prop_assert_eq!(w, 1.0);
+        }
+    }
+
+    #[test]
+    fn truncation_never_weighs_a_token_above_the_threshold(
+        correction in corrections(),
+        (train, rollout, mask) in action(),
+    ) {
+        let out = correction.apply(&train, &rollout, &mask);
+        if correction.mode == CorrectionMode::Truncate {
+            prop_assert_eq!(&out.mask, &mask, "truncation masks nothing");
+            for &w in &out.weights {
+                prop_assert!(w > 0.0 && w <= correction.threshold * (1.0 + 1e-12), "{w}");
+            }
+        }
+    }
+
+    #[test]
+    fn masking_only_removes_tokens_and_keeps_those_inside_the_band(
+        correction in corrections(),
+        (train, rollout, mask) in action(),
+    ) {
+        let out = correction.apply(&train, &rollout, &mask);
+        let band = correction.low() * (1.0 - 1e-12)..=correction.threshold * (1.0 + 1e-12);
+        for t in 0..mask.len() {
+            prop_assert!(!out.mask[t] || mask[t], "token {t} was added to the loss");
+            if correction.mode == CorrectionMode::Mask {
+                if out.mask[t] {
+                    prop_assert!(band.contains(&out.weights[t]), "kept weight {}", out.weights[t]);
+                } else if mask[t] {
+                    prop_assert_eq!(out.weights[t], 0.0);
+                }
+            }
+        }
+        if correction.level == CorrectionLevel::Sequence {
+            // An action is kept or dropped whole.
+            let kept: Vec<bool> = (0..mask.len()).filter(|&t| mask[t]).map(|t| out.mask[t]).collect();
+            prop_assert!(kept.iter().all(|&k| k) || kept.iter().all(|&k| !k));
         }
     }
 }

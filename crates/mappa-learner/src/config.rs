@@ -1,5 +1,6 @@
 //! Hyper-parameters of a learner, as they appear in an experiment manifest.
 
+use mappa_credit::{MismatchBand, RolloutCorrection};
 use mappa_model::{AttentionKind, LoraConfig, Transformer};
 use serde::{Deserialize, Serialize};
 
@@ -66,6 +67,20 @@ pub struct TrainConfig {
     /// weight to f32; the rounding changes results).
     #[serde(skip_serializing_if = "is_f32")]
     pub base_dtype: BaseDtype,
+    /// The ratios `p_train / p_rollout` a token may have and still count
+    /// as matched in the rollout-trainer mismatch's `out_of_band` share
+    /// (`[train.mismatch_band]`, default 0.5 to 2); changes only metrics.
+    #[serde(skip_serializing_if = "is_default_band")]
+    pub mismatch_band: MismatchBand,
+    /// Importance weights for the rollout-trainer mismatch
+    /// (`[train.rollout_correction]`, [`mappa_credit::correction`]); none:
+    /// off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_correction: Option<RolloutCorrection>,
+}
+
+fn is_default_band(band: &MismatchBand) -> bool {
+    *band == MismatchBand::default()
 }
 
 /// The storage of a frozen base's linear weights (`train.base_dtype`).
@@ -153,6 +168,8 @@ impl Default for TrainConfig {
             recompute_layers: Recompute::default(),
             attention: AttentionKind::Dense,
             base_dtype: BaseDtype::F32,
+            mismatch_band: MismatchBand::default(),
+            rollout_correction: None,
         }
     }
 }
@@ -221,6 +238,10 @@ impl TrainConfig {
         }
         if let Some(lora) = &self.lora {
             lora.validate().map_err(|e| format!("lora.{e}"))?;
+        }
+        self.mismatch_band.validate("mismatch_band")?;
+        if let Some(correction) = &self.rollout_correction {
+            correction.validate("rollout_correction")?;
         }
         Ok(())
     }

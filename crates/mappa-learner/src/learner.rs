@@ -39,6 +39,11 @@ pub struct TrainSample {
     pub advantages: Vec<f32>,
     /// Which tokens count (all false for a sample truncated before EOS).
     pub mask: Vec<bool>,
+    /// Per-token importance weights of a rollout correction
+    /// ([`mappa_credit::correction`]); empty: every token weighs 1, and the
+    /// loss takes no product with them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub is_weights: Vec<f32>,
     /// The action's reward (for metrics).
     pub reward: f64,
 }
@@ -241,10 +246,12 @@ impl<B: AutodiffModelBackend> AgentLearner<B> {
                 s.advantages.len(),
                 s.mask.len(),
             ];
-            if lengths.iter().any(|&l| l != n) {
+            if lengths.iter().any(|&l| l != n)
+                || !(s.is_weights.is_empty() || s.is_weights.len() == n)
+            {
                 return Err(LearnerError::Input(format!(
-                    "agent {} sample {i}: completion has {n} tokens but old/ref log-probs, advantages and mask have {}/{}/{}/{}",
-                    self.name, lengths[0], lengths[1], lengths[2], lengths[3]
+                    "agent {} sample {i}: completion has {n} tokens but old/ref log-probs, advantages, mask and importance weights have {}/{}/{}/{}/{}",
+                    self.name, lengths[0], lengths[1], lengths[2], lengths[3], s.is_weights.len()
                 )));
             }
         }
@@ -387,6 +394,10 @@ fn micro_batch_gradients<B: AutodiffModelBackend>(
                 ref_logprobs: grid(width, &|s, t| s.ref_logprobs[t]),
                 advantages: grid(width, &|s, t| s.advantages[t]),
                 mask: grid(width, &|s, t| if s.mask[t] { 1.0 } else { 0.0 }),
+                is_weights: chunk
+                    .iter()
+                    .any(|s| !s.is_weights.is_empty())
+                    .then(|| grid(width, &|s, t| s.is_weights.get(t).copied().unwrap_or(1.0))),
             },
             loss_config,
             tokens as f64,

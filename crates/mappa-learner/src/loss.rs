@@ -49,6 +49,9 @@ pub struct LossInputs<B: Backend> {
     pub advantages: Tensor<B, 2>,
     /// Valid-token mask.
     pub mask: Tensor<B, 2>,
+    /// Per-token importance weights of a rollout correction (constants);
+    /// none: every token weighs 1.
+    pub is_weights: Option<Tensor<B, 2>>,
 }
 
 /// The loss and what it measured.
@@ -68,7 +71,8 @@ pub struct LossOutput<B: Backend> {
 
 /// PPO-clip: `L = -sum_t min(rho_t A_t, clip(rho_t, 1 - low, 1 + high) A_t) / normaliser`,
 /// `rho_t = exp(logprob - old_logprob)`. With a dual clip `c`, tokens with
-/// `A_t < 0` use `max(that minimum, c A_t)`. Dividing by the number of valid
+/// `A_t < 0` use `max(that minimum, c A_t)`. A rollout correction's weights
+/// multiply each token's term (TIS: `w_t min(...)`). Dividing by the number of valid
 /// tokens in the whole optimiser step (not in the micro-batch) makes
 /// accumulated micro-batch gradients equal the full-batch gradient.
 pub fn ppo_clip_loss<B: ModelBackend>(
@@ -82,6 +86,7 @@ pub fn ppo_clip_loss<B: ModelBackend>(
         ref_logprobs,
         advantages,
         mask,
+        is_weights,
     } = inputs;
     let ratio = (logprobs.clone() - old_logprobs).exp();
     let unclipped = ratio.clone() * advantages.clone();
@@ -92,6 +97,9 @@ pub fn ppo_clip_loss<B: ModelBackend>(
         let floor = advantages.clone() * c;
         let dual = objective.clone().max_pair(floor);
         objective = objective.mask_where(advantages.lower_elem(0.0), dual);
+    }
+    if let Some(weights) = is_weights {
+        objective = objective * weights;
     }
     let mut loss = kernels::sum(objective * mask.clone()).neg() / normaliser;
     let diff = logprobs - ref_logprobs;
@@ -137,6 +145,7 @@ mod tests {
             ref_logprobs: t(&[&[old, -1.0]]),
             advantages: t(&[&[adv, 5.0]]),
             mask: t(&[&[1.0, 0.0]]),
+            is_weights: None,
         }
     }
 
@@ -149,6 +158,20 @@ mod tests {
         let out = ppo_clip_loss(inputs(-0.5, -0.5, 2.0), &LossConfig::default(), 1.0);
         assert!((value(&out) + 2.0).abs() < 1e-6, "{}", value(&out));
         assert_eq!(out.clipped_tokens, 0.0);
+    }
+
+    #[test]
+    fn importance_weights_scale_each_term_and_weights_of_one_change_no_bit() {
+        let plain = ppo_clip_loss(inputs(-0.3, -0.5, 2.0), &LossConfig::default(), 1.0);
+        let mut ones = inputs(-0.3, -0.5, 2.0);
+        ones.is_weights = Some(t(&[&[1.0, 1.0]]));
+        let ones = ppo_clip_loss(ones, &LossConfig::default(), 1.0);
+        assert_eq!(value(&plain).to_bits(), value(&ones).to_bits());
+        let mut half = inputs(-0.3, -0.5, 2.0);
+        half.is_weights = Some(t(&[&[0.5, 7.0]]));
+        let half = ppo_clip_loss(half, &LossConfig::default(), 1.0);
+        assert!((value(&half) - 0.5 * value(&plain)).abs() < 1e-6);
+        assert_eq!(half.clipped_tokens, plain.clipped_tokens);
     }
 
     #[test]

@@ -163,6 +163,7 @@ fn workload() -> String {
                     .map(|t| ((i + t) % 5) as f32 / 2.0 - 1.0)
                     .collect(),
                 mask: vec![true; c.len()],
+                is_weights: Vec::new(),
                 reward: i as f64 / 4.0,
             })
             .collect();

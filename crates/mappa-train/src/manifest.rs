@@ -642,10 +642,28 @@ impl Manifest {
         Ok(())
     }
 
+    /// Whether the log-probs the rollout policy reports are those of the
+    /// policy its tokens were sampled from, so that they compare with the
+    /// trainer's (the rollout-trainer mismatch, a rollout correction); if
+    /// not, why. mappa's own sampler reports them at the rollout's
+    /// temperature (before top-p); an engine as its `logprobs_mode` says.
+    pub fn rollout_logprobs_compare(&self) -> Result<(), String> {
+        match &self.rollout.engine {
+            None => Ok(()),
+            Some(engine) => engine
+                .logprobs_mode
+                .samples_policy(self.rollout.temperature, self.rollout.top_p),
+        }
+    }
+
     /// An engine serves one base model with an adapter per agent: the run
     /// must train LoRA adapters on one checkpoint shared by every role.
     fn validate_engine(&self, engine: &EngineSpec) -> Result<(), String> {
         engine.validate()?;
+        if self.train.rollout_correction.is_some() {
+            self.rollout_logprobs_compare()
+                .map_err(|e| format!("train.rollout_correction: {e}"))?;
+        }
         if self.train.lora.is_none() {
             return Err(
                 "rollout.engine: needs [train.lora]: the engine serves one base model \

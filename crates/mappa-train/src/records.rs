@@ -107,6 +107,14 @@ pub struct TrainLine {
     /// The share of tool-using agents' actions that ran code (`None`
     /// when the workflow has no tool).
     pub tool_call_rate: Option<f64>,
+    /// Per agent (by role), the rollout-trainer mismatch over its valid
+    /// tokens ([`mappa_credit::mismatch`]); empty where the rollout's
+    /// log-probs do not compare with the trainer's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rollout_mismatch: BTreeMap<String, mappa_credit::Mismatch>,
+    /// Per agent, what `[train] rollout_correction` did; empty when off.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rollout_correction: BTreeMap<String, crate::step::CorrectionLine>,
     /// Each agent's optimiser step.
     pub agents: Vec<StepMetrics>,
 }

@@ -4,7 +4,9 @@
 //! list of [`TrainSample`]s per agent. Each agent's samples are only its own
 //! actions.
 
-use mappa_credit::{CreditConfig, KlPlacement, SampleKey, ScoredAction, ScoredTrajectory};
+use mappa_credit::{
+    CreditConfig, KlPlacement, Mismatch, MismatchTally, SampleKey, ScoredAction, ScoredTrajectory,
+};
 use mappa_model::AutodiffModelBackend;
 
 use crate::learner::{AgentLearner, TrainSample};
@@ -26,6 +28,9 @@ pub struct RolloutAction<'a> {
     pub truncated: bool,
     /// The coach's process score in [0, 10].
     pub score: f64,
+    /// The rollout policy's log-prob of each completion token, where they
+    /// compare with the trainer's (the same temperature); none otherwise.
+    pub rollout_logprobs: Option<&'a [f32]>,
 }
 
 /// One trajectory of a rollout step.
@@ -158,6 +163,24 @@ pub struct CreditedStep {
     /// The normalisation sets with a valid token, and how many of them had
     /// equal rewards (`[credit] uniform`).
     pub uniform_sets: UniformSetsLine,
+    /// Each learner's rollout-trainer mismatch over its valid tokens (none
+    /// without rollout log-probs or valid tokens).
+    pub mismatch: Vec<Option<Mismatch>>,
+    /// Each learner's rollout correction, where one is set.
+    pub correction: Vec<Option<CorrectionLine>>,
+}
+
+/// What a rollout correction did to one agent's step.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CorrectionLine {
+    /// Valid tokens before the correction.
+    pub tokens: usize,
+    /// Of those, the ones it masked out of the loss.
+    pub masked: usize,
+    /// Mean importance weight over the tokens still counted.
+    pub mean_weight: f64,
+    /// Largest importance weight.
+    pub max_weight: f64,
 }
 
 /// Turn a step's trajectories into training samples, one list per learner
@@ -199,16 +222,46 @@ pub fn build_samples<B: AutodiffModelBackend>(
         uniform: normalised.uniform_sets,
     };
     let advantages = normalised.advantages;
+    let rollout = rollout_logprobs(&flat, &old)?;
+    let mismatch = mismatch(learners, &flat, &old, &rollout, &masks);
     let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
+    let mut correction: Vec<Option<CorrectionLine>> = learners
+        .iter()
+        .map(|l| {
+            l.config()
+                .rollout_correction
+                .map(|_| CorrectionLine::default())
+        })
+        .collect();
     let mut flat_credit = Vec::with_capacity(flat.len());
-    for ((((action, _, reward), mask), advantages), (old, reference)) in flat
+    for (i, ((((action, _, reward), mask), advantages), (old, reference))) in flat
         .into_iter()
         .zip(masks)
         .zip(advantages)
         .zip(old.into_iter().zip(reference))
+        .enumerate()
     {
         let advantages: Vec<f32> = advantages.iter().map(|&a| a as f32).collect();
         flat_credit.push(ActionCredit::of(reward, &advantages, &mask));
+        let (mask, is_weights) = match (&mut correction[action.agent], &rollout[i]) {
+            (Some(line), Some(rollout)) => {
+                let setting = learners[action.agent].config().rollout_correction;
+                let corrected = setting
+                    .expect("a line only where a correction is set")
+                    .apply(&to64(&old), rollout, &mask);
+                line.add(&mask, &corrected.mask, &corrected.weights);
+                let weights = corrected.weights.iter().map(|&w| w as f32).collect();
+                (corrected.mask, weights)
+            }
+            (Some(_), None) => {
+                return Err(TrainError::Config(format!(
+                    "train.rollout_correction: the {} agent's actions carry no rollout \
+                     log-probs to correct against (see docs/engines.md, \"Rollout log-probs\")",
+                    learners[action.agent].name()
+                )))
+            }
+            (None, _) => (mask, Vec::new()),
+        };
         per_agent[action.agent].push(TrainSample {
             prompt: action.prompt.to_vec(),
             completion: action.completion.to_vec(),
@@ -216,6 +269,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
             ref_logprobs: reference,
             advantages,
             mask,
+            is_weights,
             reward,
         });
     }
@@ -228,7 +282,74 @@ pub fn build_samples<B: AutodiffModelBackend>(
         samples: per_agent,
         credit,
         uniform_sets,
+        mismatch,
+        correction: correction
+            .into_iter()
+            .map(|c| c.map(CorrectionLine::finish))
+            .collect(),
     })
+}
+
+/// Each action's rollout log-probs as f64, checked against its length.
+fn rollout_logprobs(
+    flat: &[Rewarded<'_, '_>],
+    old: &[Vec<f32>],
+) -> Result<Vec<Option<Vec<f64>>>, TrainError> {
+    flat.iter()
+        .zip(old)
+        .enumerate()
+        .map(|(i, ((action, _, _), old))| match action.rollout_logprobs {
+            Some(r) if r.len() != old.len() => Err(TrainError::Input(format!(
+                "action {i}: {} rollout log-probs for {} completion tokens",
+                r.len(),
+                old.len()
+            ))),
+            Some(r) => Ok(Some(r.iter().map(|&x| x as f64).collect())),
+            None => Ok(None),
+        })
+        .collect()
+}
+
+/// Each learner's rollout-trainer mismatch over its actions' valid tokens.
+fn mismatch<B: AutodiffModelBackend>(
+    learners: &[AgentLearner<B>],
+    flat: &[Rewarded<'_, '_>],
+    old: &[Vec<f32>],
+    rollout: &[Option<Vec<f64>>],
+    masks: &[Vec<bool>],
+) -> Vec<Option<Mismatch>> {
+    let mut tallies: Vec<MismatchTally> = learners
+        .iter()
+        .map(|l| MismatchTally::new(l.config().mismatch_band))
+        .collect();
+    for (i, (action, _, _)) in flat.iter().enumerate() {
+        if let Some(rollout) = &rollout[i] {
+            let train: Vec<f64> = old[i].iter().map(|&x| x as f64).collect();
+            tallies[action.agent].add(&train, rollout, &masks[i]);
+        }
+    }
+    tallies.iter().map(MismatchTally::finish).collect()
+}
+
+impl CorrectionLine {
+    /// Adds one action: its mask before and after, and its weights.
+    fn add(&mut self, before: &[bool], after: &[bool], weights: &[f64]) {
+        for ((&b, &a), &w) in before.iter().zip(after).zip(weights) {
+            self.tokens += usize::from(b);
+            self.masked += usize::from(b && !a);
+            if a {
+                // Summed here, divided in `finish`.
+                self.mean_weight += w;
+                self.max_weight = self.max_weight.max(w);
+            }
+        }
+    }
+
+    fn finish(mut self) -> Self {
+        let kept = self.tokens - self.masked;
+        self.mean_weight /= kept.max(1) as f64;
+        self
+    }
 }
 
 #[cfg(test)]

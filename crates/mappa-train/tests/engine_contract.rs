@@ -150,7 +150,9 @@ fn replies_are_read_as_the_engine_means_them(kind: EngineKind) {
             .collect();
         let asked = case["request"]["model"].as_str().unwrap();
         let completion = parse_completion(&case["reply"].to_string(), asked, &stop)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .finished()
+            .unwrap_or_else(|| panic!("{name}: an aborted reply"));
         let expect = &case["expect"];
         assert_eq!(
             serde_json::to_value(&completion.token_ids).unwrap(),

@@ -58,6 +58,7 @@ fn samples(learner: &AgentLearner<B>, seed: u64, advantages: &[f32]) -> Vec<Trai
                 completion,
                 old_logprobs,
                 ref_logprobs,
+                is_weights: Vec::new(),
                 reward: a as f64,
             },
         )
@@ -121,6 +122,7 @@ fn loss_value<Bk: mappa_model::ModelBackend>(
             ref_logprobs: grid(&|s, t| s.ref_logprobs[t]),
             advantages: grid(&|s, t| s.advantages[t]),
             mask: grid(&|s, t| s.mask[t] as u8 as f32),
+            is_weights: None,
         },
         &LossConfig::default(),
         tokens as f64,
@@ -403,6 +405,36 @@ fn truncated_samples_are_masked_out() {
     );
 }
 
+/// A rollout correction's masked token leaves both the loss's numerator
+/// (its advantage no longer matters) and its token count; weights of one
+/// change no bit of the update.
+#[test]
+fn a_masked_token_counts_in_neither_numerator_nor_denominator() {
+    let fresh = || AgentLearner::new("a", model(), config(1e-3, 10, 4)).unwrap();
+    let step = |batch: &[TrainSample]| {
+        let mut learner = fresh();
+        let metrics = learner.train_step(batch, &LossConfig::default()).unwrap();
+        (metrics, hf_tensors(learner.policy()))
+    };
+    let mut batch = samples(&fresh(), 5, &[1.0, -0.5]);
+    let (plain_metrics, plain) = step(&batch);
+    batch[1].is_weights = vec![1.0; batch[1].completion.len()];
+    let (_, ones) = step(&batch);
+    assert_eq!(plain, ones, "weights of one change the update");
+    batch[1].mask[2] = false;
+    let (masked_metrics, masked) = step(&batch);
+    assert_eq!(masked_metrics.tokens, plain_metrics.tokens - 1);
+    batch[1].advantages[2] = 40.0;
+    batch[1].is_weights[2] = 9.0;
+    let (again_metrics, again) = step(&batch);
+    assert_eq!(
+        masked, again,
+        "a masked token's advantage or weight moved the update"
+    );
+    assert_eq!(masked_metrics.loss.to_bits(), again_metrics.loss.to_bits());
+    assert_ne!(masked, plain);
+}
+
 fn run_steps(learner: &mut AgentLearner<B>, from: usize, to: usize) {
     for step in from..to {
         let batch = samples(learner, 100 + step as u64, &[1.0, -0.5, 0.25]);
@@ -505,6 +537,7 @@ fn action(
         completion: tokens(&mut rng, 4).leak(),
         truncated,
         score,
+        rollout_logprobs: None,
     }
 }
 

@@ -387,7 +387,10 @@ mod tests {
                 json!(two),
                 "{api}: the stop token is not in the text"
             );
-            let completion = parse_completion(&reply.to_string(), "qwen3-tiny", &[third]).unwrap();
+            let completion = parse_completion(&reply.to_string(), "qwen3-tiny", &[third])
+                .unwrap()
+                .finished()
+                .unwrap();
             assert!(!completion.truncated);
         }
     }

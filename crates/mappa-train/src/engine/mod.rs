@@ -20,6 +20,11 @@
 //!   repeated; an unreachable engine or a 5xx is retried with backoff for
 //!   `retry_for_s`. Each request carries its own seed, so a repeated
 //!   request gives the same completion and a restart changes no result.
+//!   A request the engine aborted (vLLM shutting down answers those in
+//!   flight with `finish_reason: "abort"`) is asked again the same way; its
+//!   partial tokens are never used. Two requests that find the same adapter
+//!   lost may both load it: the second's "has already been loaded" is
+//!   success.
 //! - After an update: the new version is loaded, then the old one unloaded
 //!   and its files deleted, so a request for a stale version fails (vLLM
 //!   no longer has it; SGLang would load an unloaded adapter again from
@@ -45,7 +50,7 @@ use mappa_model::{ChatTemplate, HfTokenizer, Tokenizer, Transformer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use protocol::{CompletionRequest, Endpoint};
+use protocol::{Answer, CompletionRequest, Endpoint};
 pub use protocol::{EngineKind, EngineSampling};
 
 use crate::policy::render_prompt;
@@ -77,6 +82,54 @@ pub struct EngineSpec {
     /// or answering 5xx, before the run fails.
     #[serde(default = "defaults::retry_for_s")]
     pub retry_for_s: f64,
+    /// Which log-probs the engine returns, as it was started (vLLM's
+    /// `--logprobs-mode`): `raw_logprobs` (vLLM's default) or
+    /// `processed_logprobs`. Decides whether they compare with the
+    /// trainer's ([`LogprobsMode`]).
+    #[serde(default, skip_serializing_if = "LogprobsMode::is_raw")]
+    pub logprobs_mode: LogprobsMode,
+}
+
+/// Which log-probs an engine returns with a completion (vLLM's
+/// `--logprobs-mode`, read in its sampler at the pinned version:
+/// `vllm/v1/sample/sampler.py`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogprobsMode {
+    /// `log_softmax` of the model's logits before any processing: no
+    /// temperature, no top-p. The sampling policy's own only at
+    /// temperature 1 (or greedy) without top-p.
+    #[default]
+    RawLogprobs,
+    /// After penalties, temperature and top-k/top-p (renormalised over
+    /// the kept tokens): the policy the tokens were sampled from.
+    ProcessedLogprobs,
+}
+
+impl LogprobsMode {
+    fn is_raw(&self) -> bool {
+        *self == LogprobsMode::RawLogprobs
+    }
+
+    /// Whether log-probs returned in this mode are the sampling policy's
+    /// at `temperature` and `top_p`; if not, why.
+    pub fn samples_policy(self, temperature: f64, top_p: f64) -> Result<(), String> {
+        match self {
+            LogprobsMode::ProcessedLogprobs => Ok(()),
+            LogprobsMode::RawLogprobs
+                if (temperature == 1.0 || temperature == 0.0) && top_p == 1.0 =>
+            {
+                Ok(())
+            }
+            LogprobsMode::RawLogprobs => Err(format!(
+                "the engine returns raw log-probs (rollout.engine.logprobs_mode = \
+                 \"raw_logprobs\", vLLM's default), taken before temperature {temperature} \
+                 and top_p {top_p}: not the policy the tokens were sampled from; start \
+                 vLLM with --logprobs-mode processed_logprobs and set \
+                 logprobs_mode = \"processed_logprobs\""
+            )),
+        }
+    }
 }
 
 mod defaults {
@@ -253,7 +306,12 @@ pub struct Engine {
     base_model: String,
     published: Mutex<BTreeMap<String, Published>>,
     reloads: AtomicUsize,
+    aborts: AtomicUsize,
 }
+
+/// How many times one request may find its adapter lost and load it
+/// again (an engine restarted that often while the request waited).
+const MAX_RELOADS: usize = 3;
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -310,6 +368,7 @@ impl Engine {
             base_model: String::new(),
             published: Mutex::new(BTreeMap::new()),
             reloads: AtomicUsize::new(0),
+            aborts: AtomicUsize::new(0),
             spec: spec.clone(),
         })
     }
@@ -328,6 +387,17 @@ impl Engine {
     /// again.
     pub fn reloads(&self) -> usize {
         self.reloads.load(Ordering::Relaxed)
+    }
+
+    /// How many completions the engine aborted (a shutdown) and were asked
+    /// again.
+    pub fn aborts(&self) -> usize {
+        self.aborts.load(Ordering::Relaxed)
+    }
+
+    /// How long a failing request is retried (`rollout.engine.retry_for_s`).
+    fn retry_for(&self) -> Duration {
+        Duration::from_secs_f64(self.spec.retry_for_s)
     }
 
     fn identify(&self) -> Result<Served, TrainError> {
@@ -602,7 +672,9 @@ impl EnginePolicy<'_> {
         };
         let seed = request_seed(&self.seeds, &request.stream);
         let stop_token_ids = self.tokenizer.eos_token_ids();
-        let mut reloaded = false;
+        let started = Instant::now();
+        let mut reloads_left = MAX_RELOADS;
+        let mut wait = Duration::from_millis(100);
         loop {
             let current = self
                 .engine
@@ -624,32 +696,65 @@ impl EnginePolicy<'_> {
                 },
             );
             match self.engine.call(Endpoint::Completions, Some(&body)) {
-                Ok(text) => {
-                    let completion = protocol::parse_completion(&text, &model, stop_token_ids)?;
-                    let text = self
-                        .tokenizer
-                        .decode(&completion.token_ids, true)
-                        .map_err(|e| e.to_string())?;
-                    return Ok(PolicyOutput {
-                        text: request.reply.prefix.clone() + &text,
-                        prompt_ids,
-                        completion_ids: completion.token_ids,
-                        logprobs: completion.logprobs,
-                        truncated: completion.truncated,
-                    });
-                }
-                Err(Failure::NotFound(m)) if !reloaded => {
+                Ok(text) => match protocol::parse_completion(&text, &model, stop_token_ids)? {
+                    Answer::Finished(completion) => {
+                        return self.output(request, prompt_ids, completion)
+                    }
+                    Answer::Aborted { generated } => {
+                        // The engine is shutting down (or dropped the request):
+                        // ask again, with the same seed, once it is back.
+                        let count = self.engine.aborts.fetch_add(1, Ordering::Relaxed) + 1;
+                        eprintln!(
+                            "engine at {}: a completion of {} was aborted after {generated} \
+                             tokens (a shutdown?); asking again (abort {count} of this run)",
+                            self.engine.url(),
+                            current.name
+                        );
+                        if started.elapsed() + wait > self.engine.retry_for() {
+                            return Err(format!(
+                                "the engine aborted a completion of {} and kept doing so for \
+                                 {:.0} s (rollout.engine.retry_for_s)",
+                                current.name,
+                                started.elapsed().as_secs_f64()
+                            ));
+                        }
+                        std::thread::sleep(wait);
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                },
+                Err(Failure::NotFound(m)) if reloads_left > 0 => {
                     // The engine restarted and lost the adapter: load it again.
                     self.engine
                         .reload(&self.role)
                         .map_err(|e| format!("reloading {} after \"{m}\": {e:?}", current.name))?;
-                    reloaded = true;
+                    reloads_left -= 1;
                 }
                 Err(Failure::Transient(m) | Failure::NotFound(m) | Failure::Fatal(m)) => {
                     return Err(m)
                 }
             }
         }
+    }
+
+    /// The policy's output for a finished completion: its text decoded by
+    /// the trainer's tokenizer, after the agent's reply prefix.
+    fn output(
+        &self,
+        request: &PolicyRequest,
+        prompt_ids: Vec<u32>,
+        completion: protocol::Completion,
+    ) -> Result<PolicyOutput, String> {
+        let text = self
+            .tokenizer
+            .decode(&completion.token_ids, true)
+            .map_err(|e| e.to_string())?;
+        Ok(PolicyOutput {
+            text: request.reply.prefix.clone() + &text,
+            prompt_ids,
+            completion_ids: completion.token_ids,
+            logprobs: completion.logprobs,
+            truncated: completion.truncated,
+        })
     }
 }
 
@@ -697,6 +802,7 @@ mod tests {
             concurrency: 2,
             timeout_s: 5.0,
             retry_for_s: 0.5,
+            logprobs_mode: LogprobsMode::RawLogprobs,
         }
     }
 
@@ -831,6 +937,64 @@ mod tests {
                 assert_eq!(out[0].logprobs, [-0.5, -1.5]);
                 assert!(out[0].truncated);
                 assert!(!out[0].prompt_ids.is_empty());
+            },
+        );
+    }
+
+    #[test]
+    fn an_aborted_completion_is_asked_again_with_its_seed_and_never_kept() {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let count = asked.clone();
+        with_policy(
+            move |request| {
+                assert_eq!(
+                    request.body["seed"],
+                    json!(request_seed(&SeedTree::new(1), "test/0"))
+                );
+                if count.fetch_add(1, Ordering::SeqCst) < 2 {
+                    Reply::raw(
+                        200,
+                        json!({"model": "run-solver-v2", "choices": [{"index": 0,
+                            "text": "", "token_ids": [9],
+                            "logprobs": {"token_logprobs": [-0.1]},
+                            "finish_reason": "abort"}]})
+                        .to_string(),
+                    )
+                } else {
+                    completion("run-solver-v2")
+                }
+            },
+            Default::default(),
+            |engine, out| {
+                assert_eq!(out.unwrap()[0].completion_ids, [5, 6]);
+                assert_eq!(engine.aborts(), 2);
+            },
+        );
+    }
+
+    #[test]
+    fn an_adapter_another_request_loaded_again_first_is_taken_as_loaded() {
+        let lost = Arc::new(AtomicBool::new(true));
+        let state = lost.clone();
+        with_policy(
+            move |request| {
+                if request.body.get("lora_name").is_some() {
+                    // Another request loaded it in the meantime (vLLM's words).
+                    state.store(false, Ordering::SeqCst);
+                    Reply::raw(
+                        400,
+                        r#"{"error": {"message": "The lora adapter 'run-solver-v2' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.", "type": "BadRequestError", "code": 400}}"#,
+                    )
+                } else if state.load(Ordering::SeqCst) {
+                    Reply::raw(404, r#"{"error": {"message": "not found"}}"#)
+                } else {
+                    completion("run-solver-v2")
+                }
+            },
+            Default::default(),
+            |engine, out| {
+                assert_eq!(out.unwrap()[0].completion_ids, [5, 6]);
+                assert_eq!(engine.reloads(), 0, "another request did the reload");
             },
         );
     }

@@ -19,6 +19,9 @@
 //!   a completion (the model's EOS or a `stop_token_ids` match) included,
 //!   with its log-prob; both report such a completion as `"stop"` even when
 //!   the stop token was the last one allowed.
+//! - vLLM answers a request it aborted (its server shutting down, SIGTERM)
+//!   with HTTP 200, `finish_reason: "abort"` and the tokens generated so
+//!   far ([`Answer::Aborted`]): a transient failure, never a completion.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -191,16 +194,37 @@ pub struct Completion {
     pub truncated: bool,
 }
 
+/// What a completion reply holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// A completion that ended (a stop token or the length limit).
+    Finished(Completion),
+    /// The engine aborted the request after `generated` tokens
+    /// (`finish_reason: "abort"`: vLLM shutting down answers the requests
+    /// in flight so). A transient failure: ask again with the same seed,
+    /// and never train on the partial tokens.
+    Aborted {
+        /// Tokens generated before the abort.
+        generated: usize,
+    },
+}
+
+impl Answer {
+    /// The completion, if the request finished.
+    pub fn finished(self) -> Option<Completion> {
+        match self {
+            Answer::Finished(c) => Some(c),
+            Answer::Aborted { .. } => None,
+        }
+    }
+}
+
 /// Reads a completion reply to a request whose `model` was `asked`: the
 /// reply must name the same model (a reply from another adapter version is
 /// refused, never trained on), carry `choices[0].token_ids` and as many
 /// log-probs. It is truncated when cut at the length limit and its last
 /// token is not one of `stop_token_ids`.
-pub fn parse_completion(
-    text: &str,
-    asked: &str,
-    stop_token_ids: &[u32],
-) -> Result<Completion, String> {
+pub fn parse_completion(text: &str, asked: &str, stop_token_ids: &[u32]) -> Result<Answer, String> {
     let reply: Value = serde_json::from_str(text)
         .map_err(|e| format!("malformed JSON reply ({e}): {}", snippet(text)))?;
     let served = reply["model"].as_str().unwrap_or("");
@@ -253,13 +277,18 @@ pub fn parse_completion(
     let truncated = match choice["finish_reason"].as_str() {
         Some("length") => !ended_on_stop,
         Some("stop") => false,
+        Some("abort") => {
+            return Ok(Answer::Aborted {
+                generated: token_ids.len(),
+            })
+        }
         other => return Err(format!("unexpected finish_reason {other:?}")),
     };
-    Ok(Completion {
+    Ok(Answer::Finished(Completion {
         token_ids,
         logprobs,
         truncated,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -300,27 +329,27 @@ mod tests {
         .to_string()
     }
 
+    fn finished(text: &str, stop: &[u32]) -> Completion {
+        parse_completion(text, "m", stop)
+            .unwrap()
+            .finished()
+            .unwrap()
+    }
+
     #[test]
     fn a_completion_is_truncated_only_when_cut_before_a_stop_token() {
         let stop = [2];
-        assert!(
-            !parse_completion(&reply(&[4, 2], "stop"), "m", &stop)
-                .unwrap()
-                .truncated
-        );
-        assert!(
-            parse_completion(&reply(&[4, 5], "length"), "m", &stop)
-                .unwrap()
-                .truncated
-        );
+        assert!(!finished(&reply(&[4, 2], "stop"), &stop).truncated);
+        assert!(finished(&reply(&[4, 5], "length"), &stop).truncated);
         // A stop token that lands on the length limit ended the completion.
-        assert!(
-            !parse_completion(&reply(&[4, 2], "length"), "m", &stop)
-                .unwrap()
-                .truncated
+        assert!(!finished(&reply(&[4, 2], "length"), &stop).truncated);
+        // An aborted request is not a completion, whatever it generated.
+        assert_eq!(
+            parse_completion(&reply(&[4, 2], "abort"), "m", &stop),
+            Ok(Answer::Aborted { generated: 2 })
         );
-        let err = parse_completion(&reply(&[4], "abort"), "m", &stop).unwrap_err();
-        assert!(err.contains("abort"), "{err}");
+        let err = parse_completion(&reply(&[4], "error"), "m", &stop).unwrap_err();
+        assert!(err.contains("error"), "{err}");
     }
 
     #[test]

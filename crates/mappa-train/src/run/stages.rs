@@ -32,11 +32,9 @@ use crate::learner::{AgentLearner, StepMetrics, TrainSample};
 use crate::loss::LossConfig;
 use crate::records::{
     ActionLine, EvalActionLine, EvalLine, EvalTrajectoryLine, TrainLine, TrajectoryLine,
-    UniformOutcome, UniformSetsLine, SCHEMA_VERSION,
+    UniformOutcome, SCHEMA_VERSION,
 };
-use crate::step::{
-    build_samples, loss_config, ActionCredit, CreditedStep, RolloutAction, RolloutTrajectory,
-};
+use crate::step::{build_samples, loss_config, CreditedStep, RolloutAction, RolloutTrajectory};
 use crate::tasks::{Graded, TaskSet};
 use crate::TrainError;
 
@@ -195,10 +193,13 @@ pub(super) fn record(
     step: usize,
     workflow: &Workflow,
     scored: &[StepTrajectory],
-    credit: &[Vec<ActionCredit>],
+    credited: &CreditedStep,
     agents: Vec<StepMetrics>,
-    uniform_sets: UniformSetsLine,
 ) -> (TrainLine, Vec<TrajectoryLine>) {
+    let credit = &credited.credit;
+    let uniform_sets = credited.uniform_sets.clone();
+    let rollout_mismatch = by_role(&agents, &credited.mismatch);
+    let rollout_correction = by_role(&agents, &credited.correction);
     let tally = CoachTally::of(workflow, scored);
     let accuracy =
         scored.iter().map(|t| t.graded.outcome).sum::<f64>() / scored.len().max(1) as f64;
@@ -214,6 +215,8 @@ pub(super) fn record(
         uniform_sets: (!uniform_sets.handling.is_keep()).then_some(uniform_sets),
         tool_call_rate: (tally.tool_actions > 0)
             .then(|| tally.with_code as f64 / tally.tool_actions as f64),
+        rollout_mismatch,
+        rollout_correction,
         agents,
     };
     let rows = scored
@@ -249,6 +252,15 @@ pub(super) fn record(
         })
         .collect();
     (line, rows)
+}
+
+/// The agents' values keyed by role, where they have one.
+fn by_role<T: Copy>(agents: &[StepMetrics], values: &[Option<T>]) -> BTreeMap<String, T> {
+    agents
+        .iter()
+        .zip(values)
+        .filter_map(|(a, v)| v.map(|v| (a.agent.clone(), v)))
+        .collect()
 }
 
 /// An evaluation line: accuracy over `trajectories`, plus DSBench's fair
@@ -385,23 +397,17 @@ where
         scores.extend(last);
         let scored = assemble(early.trajectories, graded, scores)?;
         let mask_truncated = self.manifest.rollout.mask_truncated;
+        let compare = self.manifest.rollout_logprobs_compare().is_ok();
         let credited = assign_credit(
             &self.learners,
             &self.manifest.credit,
-            mask_truncated,
+            (mask_truncated, compare),
             &scored,
         )?;
         let loss = loss_config(&self.manifest.train, &self.manifest.credit);
         let agents = update(&mut self.learners, &loss, &credited.samples)?;
         let update_s = seconds(updating.elapsed());
-        let (line, rows) = record(
-            step,
-            &self.workflow,
-            &scored,
-            &credited.credit,
-            agents,
-            credited.uniform_sets,
-        );
+        let (line, rows) = record(step, &self.workflow, &scored, &credited, agents);
         let timing = TimingLine {
             phase: "train".into(),
             step,
@@ -529,11 +535,14 @@ fn coach_last(
 }
 
 /// Stage 5: every action's reward and advantages, and each agent's
-/// training samples, through `mappa-credit`.
+/// training samples, through `mappa-credit`. `mask_truncated`: truncated
+/// actions leave the loss; `compare`: the rollout's log-probs are the
+/// sampling policy's ([`crate::Manifest::rollout_logprobs_compare`]), so
+/// the mismatch is measured (and a correction may use them).
 fn assign_credit<B: AutodiffModelBackend>(
     learners: &[AgentLearner<B>],
     credit: &CreditConfig,
-    mask_truncated: bool,
+    (mask_truncated, compare): (bool, bool),
     scored: &[StepTrajectory],
 ) -> Result<CreditedStep, TrainError> {
     let rollout: Vec<RolloutTrajectory<'_>> = scored
@@ -552,6 +561,11 @@ fn assign_credit<B: AutodiffModelBackend>(
                     completion: &a.completion_ids,
                     truncated: a.truncated && mask_truncated,
                     score: s.score,
+                    // A policy that reports none (a remote one) has none.
+                    rollout_logprobs: (compare
+                        && a.old_logprobs.len() == a.completion_ids.len()
+                        && !(a.old_logprobs.is_empty() && !a.completion_ids.is_empty()))
+                    .then_some(a.old_logprobs.as_slice()),
                 })
                 .collect(),
         })
