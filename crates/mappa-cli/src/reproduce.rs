@@ -315,6 +315,20 @@ fn single_run(manifest: &Manifest, path: &Path, runs_dir: &Path) -> anyhow::Resu
         ..Default::default()
     };
     execute(manifest, &run_dir, &options)?;
+    let lead = match &manifest.claim {
+        Some(claim) => crate::claim::write(&run_dir, manifest, claim, registration)?,
+        None => String::new(),
+    };
+    run_report(manifest, &run_dir, &lead)
+}
+
+/// Writes the single run's `report.md` in `run_dir`, `lead` first (a
+/// claim's test); `mappa run` and `mappa reproduce` both end with it.
+pub(crate) fn run_report(
+    manifest: &Manifest,
+    run_dir: &Path,
+    lead: &str,
+) -> anyhow::Result<PathBuf> {
     let workflow = mappa_agents::Workflow::load(&manifest.workflow)?;
     let last = workflow.agents.last().map_or("", |a| a.role.as_str());
     let coach_note = match &manifest.coach.judge {
@@ -325,9 +339,5 @@ fn single_run(manifest: &Manifest, path: &Path, runs_dir: &Path) -> anyhow::Resu
         )),
         _ => None,
     };
-    let lead = match &manifest.claim {
-        Some(claim) => crate::claim::write(&run_dir, manifest, claim, registration)?,
-        None => String::new(),
-    };
-    crate::run_report::write(&run_dir, last, coach_note.as_deref(), &lead)
+    crate::run_report::write(run_dir, last, coach_note.as_deref(), lead)
 }

@@ -49,7 +49,7 @@ fn parse_mode(s: &str) -> Result<CacheMode, String> {
     }
 }
 
-/// Runs `mappa run`.
+/// Runs `mappa run`, then writes the run's `report.md` (as `mappa reproduce` does).
 pub fn run_manifest(args: &RunArgs) -> anyhow::Result<()> {
     let manifest = Manifest::load(&args.manifest)?;
     check_backend(manifest.backend)?;
@@ -64,7 +64,10 @@ pub fn run_manifest(args: &RunArgs) -> anyhow::Result<()> {
         coach_mode: args.coach,
         progress: true,
     };
-    execute(&manifest, &run_dir, &options)
+    execute(&manifest, &run_dir, &options)?;
+    let report = crate::reproduce::run_report(&manifest, &run_dir, "")?;
+    eprintln!("report: {}", report.display());
+    Ok(())
 }
 
 /// Held-out evaluation of local models on the manifest's backend (its

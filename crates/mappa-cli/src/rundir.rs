@@ -119,8 +119,13 @@ pub fn lock_and_id(manifest: &Manifest) -> anyhow::Result<(Lock, String)> {
 /// anything is written; printed.
 fn note_engine(manifest: &Manifest, lock: &mut Lock) -> anyhow::Result<()> {
     if let Some(spec) = &manifest.rollout.engine {
-        let served = mappa_train::engine::identify(spec)?;
+        let mut served = mappa_train::engine::identify(spec)?;
         eprintln!("engine at {}: {served}", spec.url);
+        if manifest.coach_shares_engine() {
+            let hazard = mappa_train::engine::COACH_SHARES_ENGINE;
+            eprintln!("warning: {hazard}");
+            served.hazards.push(hazard.to_string());
+        }
         lock.engine = Some(served);
     }
     Ok(())

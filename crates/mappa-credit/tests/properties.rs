@@ -470,13 +470,13 @@ proptest! {
     ) {
         let out = correction.apply(&train, &rollout, &mask);
         let band = correction.low() * (1.0 - 1e-12)..=correction.threshold * (1.0 + 1e-12);
-        for t in 0..mask.len() {
-            prop_assert!(!out.mask[t] || mask[t], "token {t} was added to the loss");
+        for (t, ((&was, &kept), &weight)) in mask.iter().zip(&out.mask).zip(&out.weights).enumerate() {
+            prop_assert!(!kept || was, "token {t} was added to the loss");
             if correction.mode == CorrectionMode::Mask {
-                if out.mask[t] {
-                    prop_assert!(band.contains(&out.weights[t]), "kept weight {}", out.weights[t]);
-                } else if mask[t] {
-                    prop_assert_eq!(out.weights[t], 0.0);
+                if kept {
+                    prop_assert!(band.contains(&weight), "kept weight {weight}");
+                } else if was {
+                    prop_assert_eq!(weight, 0.0);
                 }
             }
         }

@@ -642,6 +642,18 @@ impl Manifest {
         Ok(())
     }
 
+    /// Whether the coach is an OpenAI-compatible endpoint at the rollout
+    /// engine's URL ([`crate::engine::COACH_SHARES_ENGINE`]).
+    pub fn coach_shares_engine(&self) -> bool {
+        let normal = |url: &str| url.trim_end_matches('/').replace("localhost", "127.0.0.1");
+        match (&self.rollout.engine, &self.coach.judge) {
+            (Some(engine), mappa_judge::config::Judge::OpenAi(coach)) => {
+                normal(&engine.url) == normal(&coach.base_url)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether the log-probs the rollout policy reports are those of the
     /// policy its tokens were sampled from, so that they compare with the
     /// trainer's (the rollout-trainer mismatch, a rollout correction); if
@@ -1039,6 +1051,39 @@ mod tests {
         );
         train.lora = Some(mappa_model::LoraConfig::new(4, 8.0));
         train.validate().unwrap();
+    }
+
+    #[test]
+    fn a_coach_at_the_engines_url_is_named_and_comparability_follows_the_logprobs_mode() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/manifests/tiny-arith-lora.toml");
+        let text = std::fs::read_to_string(fixture).unwrap().replace(
+            "[coach.scripted]\nview = \"oracle\"\nstrength = \"medium\"\nseed = 3\n",
+            "",
+        );
+        let load = |coach_url: &str, engine_extra: &str, temperature: &str| {
+            let text = text.replace("temperature = 1.0", &format!("temperature = {temperature}"));
+            let m: Manifest = toml::from_str(&format!(
+                "{text}\n[coach.openai]\nbase_url = \"{coach_url}\"\nmodel = \"smol\"\n\
+                 [rollout.engine]\nurl = \"http://127.0.0.1:8000/v1\"\n{engine_extra}"
+            ))
+            .unwrap();
+            m
+        };
+        assert!(load("http://localhost:8000/v1/", "", "1.0").coach_shares_engine());
+        assert!(!load("http://127.0.0.1:8001/v1", "", "1.0").coach_shares_engine());
+        assert!(load("http://127.0.0.1:8001/v1", "", "1.0")
+            .rollout_logprobs_compare()
+            .is_ok());
+        let raw = load("http://127.0.0.1:8001/v1", "", "0.7");
+        let why = raw.rollout_logprobs_compare().unwrap_err();
+        assert!(why.contains("--logprobs-mode processed_logprobs"), "{why}");
+        let processed = load(
+            "http://127.0.0.1:8001/v1",
+            "logprobs_mode = \"processed_logprobs\"",
+            "0.7",
+        );
+        assert!(processed.rollout_logprobs_compare().is_ok());
     }
 
     #[test]

@@ -198,30 +198,8 @@ pub fn build_samples<B: AutodiffModelBackend>(
         .iter()
         .map(|(a, _, _)| vec![!a.truncated; a.completion.len()])
         .collect();
-    let to64 = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
-    let returns = flat
-        .iter()
-        .enumerate()
-        .map(|(i, (_, _, reward))| {
-            let shaped = credit.shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])?;
-            Ok(shaped.returns)
-        })
-        .collect::<Result<Vec<_>, TrainError>>()?;
-    let keys: Vec<SampleKey> = flat
-        .iter()
-        .map(|(a, group, _)| SampleKey {
-            agent: a.agent,
-            group: *group,
-        })
-        .collect();
-    let rewards: Vec<f64> = flat.iter().map(|(_, _, reward)| *reward).collect();
-    let normalised = credit.advantages(&keys, &rewards, &returns, &masks)?;
-    let uniform_sets = UniformSetsLine {
-        handling: credit.uniform,
-        sets: normalised.sets,
-        uniform: normalised.uniform_sets,
-    };
-    let advantages = normalised.advantages;
+    let (advantages, uniform_sets) =
+        normalised_advantages(credit, &flat, &old, &reference, &masks)?;
     let rollout = rollout_logprobs(&flat, &old)?;
     let mismatch = mismatch(learners, &flat, &old, &rollout, &masks);
     let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
@@ -243,25 +221,13 @@ pub fn build_samples<B: AutodiffModelBackend>(
     {
         let advantages: Vec<f32> = advantages.iter().map(|&a| a as f32).collect();
         flat_credit.push(ActionCredit::of(reward, &advantages, &mask));
-        let (mask, is_weights) = match (&mut correction[action.agent], &rollout[i]) {
-            (Some(line), Some(rollout)) => {
-                let setting = learners[action.agent].config().rollout_correction;
-                let corrected = setting
-                    .expect("a line only where a correction is set")
-                    .apply(&to64(&old), rollout, &mask);
-                line.add(&mask, &corrected.mask, &corrected.weights);
-                let weights = corrected.weights.iter().map(|&w| w as f32).collect();
-                (corrected.mask, weights)
-            }
-            (Some(_), None) => {
-                return Err(TrainError::Config(format!(
-                    "train.rollout_correction: the {} agent's actions carry no rollout \
-                     log-probs to correct against (see docs/engines.md, \"Rollout log-probs\")",
-                    learners[action.agent].name()
-                )))
-            }
-            (None, _) => (mask, Vec::new()),
-        };
+        let (mask, is_weights) = correct(
+            &learners[action.agent],
+            correction[action.agent].as_mut(),
+            mask,
+            &old,
+            rollout[i].as_deref(),
+        )?;
         per_agent[action.agent].push(TrainSample {
             prompt: action.prompt.to_vec(),
             completion: action.completion.to_vec(),
@@ -290,6 +256,72 @@ pub fn build_samples<B: AutodiffModelBackend>(
     })
 }
 
+/// Every action's per-token advantages: KL-shaped returns from the policy
+/// and reference log-probs, normalised over the configured scope; and the
+/// step's normalisation sets.
+fn normalised_advantages(
+    credit: &CreditConfig,
+    flat: &[Rewarded<'_, '_>],
+    old: &[Vec<f32>],
+    reference: &[Vec<f32>],
+    masks: &[Vec<bool>],
+) -> Result<(Vec<Vec<f64>>, UniformSetsLine), TrainError> {
+    let returns = flat
+        .iter()
+        .enumerate()
+        .map(|(i, (_, _, reward))| {
+            let shaped = credit.shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])?;
+            Ok(shaped.returns)
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    let keys: Vec<SampleKey> = flat
+        .iter()
+        .map(|(a, group, _)| SampleKey {
+            agent: a.agent,
+            group: *group,
+        })
+        .collect();
+    let rewards: Vec<f64> = flat.iter().map(|(_, _, reward)| *reward).collect();
+    let normalised = credit.advantages(&keys, &rewards, &returns, masks)?;
+    let uniform_sets = UniformSetsLine {
+        handling: credit.uniform,
+        sets: normalised.sets,
+        uniform: normalised.uniform_sets,
+    };
+    Ok((normalised.advantages, uniform_sets))
+}
+
+/// Log-probs as f64.
+fn to64(values: &[f32]) -> Vec<f64> {
+    values.iter().map(|&x| x as f64).collect()
+}
+
+/// One sample's mask and importance weights under its learner's rollout
+/// correction (`line` is where one is set; unchanged and none otherwise),
+/// the correction's counts added to `line`.
+fn correct<B: AutodiffModelBackend>(
+    learner: &AgentLearner<B>,
+    line: Option<&mut CorrectionLine>,
+    mask: Vec<bool>,
+    old: &[f32],
+    rollout: Option<&[f64]>,
+) -> Result<(Vec<bool>, Vec<f32>), TrainError> {
+    let (Some(line), Some(setting)) = (line, learner.config().rollout_correction) else {
+        return Ok((mask, Vec::new()));
+    };
+    let rollout = rollout.ok_or_else(|| {
+        TrainError::Config(format!(
+            "train.rollout_correction: the {} agent's actions carry no rollout log-probs to \
+             correct against (see docs/engines.md, \"Rollout log-probs and the mismatch\")",
+            learner.name()
+        ))
+    })?;
+    let corrected = setting.apply(&to64(old), rollout, &mask);
+    line.add(&mask, &corrected.mask, &corrected.weights);
+    let weights = corrected.weights.iter().map(|&w| w as f32).collect();
+    Ok((corrected.mask, weights))
+}
+
 /// Each action's rollout log-probs as f64, checked against its length.
 fn rollout_logprobs(
     flat: &[Rewarded<'_, '_>],
@@ -304,7 +336,7 @@ fn rollout_logprobs(
                 r.len(),
                 old.len()
             ))),
-            Some(r) => Ok(Some(r.iter().map(|&x| x as f64).collect())),
+            Some(r) => Ok(Some(to64(r))),
             None => Ok(None),
         })
         .collect()
@@ -324,8 +356,7 @@ fn mismatch<B: AutodiffModelBackend>(
         .collect();
     for (i, (action, _, _)) in flat.iter().enumerate() {
         if let Some(rollout) = &rollout[i] {
-            let train: Vec<f64> = old[i].iter().map(|&x| x as f64).collect();
-            tallies[action.agent].add(&train, rollout, &masks[i]);
+            tallies[action.agent].add(&to64(&old[i]), rollout, &masks[i]);
         }
     }
     tallies.iter().map(MismatchTally::finish).collect()

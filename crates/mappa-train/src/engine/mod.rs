@@ -248,7 +248,20 @@ pub struct Served {
     /// always honoured (vLLM).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seeds_honoured: Option<bool>,
+    /// Known hazards of how the run uses this server (e.g. the coach
+    /// sharing it with LoRA agents: [`COACH_SHARES_ENGINE`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hazards: Vec<String>,
 }
+
+/// The hazard of a coach served by the rollout engine: vLLM's CPU LoRA
+/// path (0.32.0, probed by `just check-vllm`) gives a base-model request
+/// batched with adapter requests an adapter's delta, so the coach would be
+/// a changed model.
+pub const COACH_SHARES_ENGINE: &str = "the coach is served by the rollout engine: vLLM's CPU \
+     build (0.32.0, probed by just check-vllm) gives a base-model request batched with \
+     adapter requests an adapter's delta, so the coach may judge with a changed model; serve \
+     the coach from its own server";
 
 impl std::fmt::Display for Served {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -442,16 +455,26 @@ impl Engine {
                 self.base_url
             );
         }
-        let contract = contract::contract(kind);
-        if server == kind.key() && version != contract.version {
-            eprintln!(
-                "warning: the engine at {} is {} {version}; mappa's requests were checked \
-                 against {} (just engine-contract)",
-                self.base_url,
-                kind.display(),
-                contract.name()
-            );
-        }
+        let contract = match contract::contract_for(kind, &version) {
+            Some(own) => own,
+            None => {
+                let pinned = contract::contract(kind);
+                if server == kind.key() {
+                    let known: Vec<String> =
+                        contract::contracts(kind).iter().map(|c| c.name()).collect();
+                    eprintln!(
+                        "warning: the engine at {} is {} {version}, a version mappa has no \
+                         contract for (it has {}); its requests were checked against {} \
+                         (just engine-contract)",
+                        self.base_url,
+                        kind.display(),
+                        known.join(" and "),
+                        pinned.name()
+                    );
+                }
+                pinned
+            }
+        };
         Ok(Served {
             api: kind,
             server,
@@ -459,6 +482,7 @@ impl Engine {
             base_model: base["id"].as_str().unwrap_or("").to_string(),
             contract: contract.name(),
             seeds_honoured,
+            hazards: Vec::new(),
         })
     }
 

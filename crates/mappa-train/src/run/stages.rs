@@ -197,7 +197,7 @@ pub(super) fn record(
     agents: Vec<StepMetrics>,
 ) -> (TrainLine, Vec<TrajectoryLine>) {
     let credit = &credited.credit;
-    let uniform_sets = credited.uniform_sets.clone();
+    let uniform_sets = credited.uniform_sets;
     let rollout_mismatch = by_role(&agents, &credited.mismatch);
     let rollout_correction = by_role(&agents, &credited.correction);
     let tally = CoachTally::of(workflow, scored);
@@ -562,10 +562,8 @@ fn assign_credit<B: AutodiffModelBackend>(
                     truncated: a.truncated && mask_truncated,
                     score: s.score,
                     // A policy that reports none (a remote one) has none.
-                    rollout_logprobs: (compare
-                        && a.old_logprobs.len() == a.completion_ids.len()
-                        && !(a.old_logprobs.is_empty() && !a.completion_ids.is_empty()))
-                    .then_some(a.old_logprobs.as_slice()),
+                    rollout_logprobs: (compare && a.old_logprobs.len() == a.completion_ids.len())
+                        .then_some(a.old_logprobs.as_slice()),
                 })
                 .collect(),
         })
