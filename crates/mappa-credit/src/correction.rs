@@ -114,13 +114,7 @@ impl RolloutCorrection {
     /// # Panics
     /// When the lengths differ.
     pub fn apply(&self, train: &[f64], rollout: &[f64], mask: &[bool]) -> Corrected {
-        assert!(
-            train.len() == rollout.len() && train.len() == mask.len(),
-            "one entry per token: {} trainer, {} rollout log-probs, {} mask entries",
-            train.len(),
-            rollout.len(),
-            mask.len()
-        );
+        crate::mismatch::assert_paired(train, rollout, mask);
         let log_ratio: Vec<f64> = match self.level {
             CorrectionLevel::Token => train.iter().zip(rollout).map(|(p, q)| p - q).collect(),
             CorrectionLevel::Sequence => {

@@ -73,6 +73,18 @@ pub struct Mismatch {
     pub out_of_band: f64,
 }
 
+/// Panics unless one action's trainer log-probs, rollout log-probs and
+/// mask have one entry per token each.
+pub(crate) fn assert_paired(train: &[f64], rollout: &[f64], mask: &[bool]) {
+    assert!(
+        train.len() == rollout.len() && train.len() == mask.len(),
+        "one entry per token: {} trainer, {} rollout log-probs, {} mask entries",
+        train.len(),
+        rollout.len(),
+        mask.len()
+    );
+}
+
 /// Largest `|d|` the KL estimate uses (`exp(20)` is about 5e8).
 const KL_CLAMP: f64 = 20.0;
 
@@ -102,13 +114,7 @@ impl MismatchTally {
     /// # Panics
     /// When their lengths differ (the caller pairs one action's values).
     pub fn add(&mut self, train: &[f64], rollout: &[f64], mask: &[bool]) {
-        assert!(
-            train.len() == rollout.len() && train.len() == mask.len(),
-            "one entry per token: {} trainer, {} rollout log-probs, {} mask entries",
-            train.len(),
-            rollout.len(),
-            mask.len()
-        );
+        assert_paired(train, rollout, mask);
         for ((&p, &q), _) in train
             .iter()
             .zip(rollout)
