@@ -303,6 +303,49 @@ fn resuming_against_another_server_warns() {
     assert_eq!(lock["engine_resumed"][0]["base_model"], "renamed");
 }
 
+/// A coach served at the rollout engine's URL: warned about, and the
+/// hazard recorded in the lock (vLLM's CPU build batches a base request
+/// with adapter requests and gives it an adapter's delta).
+#[test]
+fn a_coach_at_the_engines_url_is_a_named_hazard_in_the_lock() {
+    let scratch = scratch();
+    let (_server, url) = Server::start("vllm", 0);
+    let text = fixture_manifest("tiny-arith-lora").replace(
+        "[coach.scripted]\nview = \"oracle\"\nstrength = \"medium\"\nseed = 3\n",
+        &format!(
+            "[coach.settings]\nmax_tokens = 4\n\n[coach.openai]\nbase_url = \"{url}\"\nmodel = \"qwen3-tiny\"\n"
+        ),
+    );
+    let path = scratch.path().join("manifest.toml");
+    std::fs::write(
+        &path,
+        format!("{text}\n[rollout.engine]\nurl = \"{url}\"\n"),
+    )
+    .unwrap();
+    let runs = scratch.path().join("runs");
+    let out = succeeds(
+        mappa()
+            .arg("run")
+            .arg(&path)
+            .args(["--max-steps", "1", "--runs-dir"])
+            .arg(&runs),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: the coach is served by the rollout engine"),
+        "{stderr}"
+    );
+    let lock: Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir(&runs).join("manifest.lock.json")).unwrap(),
+    )
+    .unwrap();
+    let hazards = lock["engine"]["hazards"].as_array().unwrap();
+    assert!(
+        hazards[0].as_str().unwrap().contains("adapter's delta"),
+        "{lock}"
+    );
+}
+
 /// A proxy on 127.0.0.1 in front of `upstream` that sends every completion
 /// to the base model, as a misrouting load balancer would: the engine
 /// answers truthfully as the base. Returns its base URL.
