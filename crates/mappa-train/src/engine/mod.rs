@@ -507,7 +507,9 @@ impl Engine {
         let name = self.adapter_name(role, version);
         // A version of the same name left by an earlier attempt of this run
         // may hold other weights: replace it.
-        self.unload(&name)?;
+        if self.may_hold(&name) {
+            self.unload(&name)?;
+        }
         self.load(&name, &dir)
             .map_err(|e| self.error(&format!("loading {name}"), e))?;
         self.published
@@ -551,6 +553,22 @@ impl Engine {
     fn load(&self, name: &str, dir: &Path) -> Result<String, Failure> {
         let body = protocol::load_adapter_body(name, &dir.display().to_string());
         self.call(Endpoint::LoadAdapter, Some(&body))
+    }
+
+    /// Whether the engine may hold an adapter named `name`. vLLM lists every
+    /// adapter it holds in `/v1/models`, so one it does not list is not
+    /// unloaded (a run's requests are then all answered 200); SGLang's
+    /// listing is not relied on, nor a listing that fails: it may.
+    fn may_hold(&self, name: &str) -> bool {
+        if self.spec.kind != EngineKind::Vllm {
+            return true;
+        }
+        match self.call_json(Endpoint::Models, None) {
+            Ok(models) => models["data"]
+                .as_array()
+                .is_none_or(|data| data.iter().any(|m| m["id"] == name)),
+            Err(_) => true,
+        }
     }
 
     /// Unloads `name`; an adapter the engine does not have is fine (vLLM
