@@ -198,10 +198,13 @@ pub fn build_samples<B: AutodiffModelBackend>(
         .iter()
         .map(|(a, _, _)| vec![!a.truncated; a.completion.len()])
         .collect();
+    // The policy's log-probs in f64, once: shaping, the mismatch and a
+    // correction all read them so.
+    let old64: Vec<Vec<f64>> = old.iter().map(|v| to64(v)).collect();
     let (advantages, uniform_sets) =
-        normalised_advantages(credit, &flat, &old, &reference, &masks)?;
-    let rollout = rollout_logprobs(&flat, &old)?;
-    let mismatch = mismatch(learners, &flat, &old, &rollout, &masks);
+        normalised_advantages(credit, &flat, &old64, &reference, &masks)?;
+    let rollout = rollout_logprobs(&flat, &old64)?;
+    let mismatch = mismatch(learners, &flat, &old64, &rollout, &masks);
     let mut per_agent: Vec<Vec<TrainSample>> = vec![Vec::new(); learners.len()];
     let mut correction: Vec<Option<CorrectionLine>> = learners
         .iter()
@@ -225,7 +228,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
             &learners[action.agent],
             correction[action.agent].as_mut(),
             mask,
-            &old,
+            &old64[i],
             rollout[i].as_deref(),
         )?;
         per_agent[action.agent].push(TrainSample {
@@ -262,7 +265,7 @@ pub fn build_samples<B: AutodiffModelBackend>(
 fn normalised_advantages(
     credit: &CreditConfig,
     flat: &[Rewarded<'_, '_>],
-    old: &[Vec<f32>],
+    old: &[Vec<f64>],
     reference: &[Vec<f32>],
     masks: &[Vec<bool>],
 ) -> Result<(Vec<Vec<f64>>, UniformSetsLine), TrainError> {
@@ -270,7 +273,7 @@ fn normalised_advantages(
         .iter()
         .enumerate()
         .map(|(i, (_, _, reward))| {
-            let shaped = credit.shape(*reward, &to64(&old[i]), &to64(&reference[i]), &masks[i])?;
+            let shaped = credit.shape(*reward, &old[i], &to64(&reference[i]), &masks[i])?;
             Ok(shaped.returns)
         })
         .collect::<Result<Vec<_>, TrainError>>()?;
@@ -303,7 +306,7 @@ fn correct<B: AutodiffModelBackend>(
     learner: &AgentLearner<B>,
     line: Option<&mut CorrectionLine>,
     mask: Vec<bool>,
-    old: &[f32],
+    old: &[f64],
     rollout: Option<&[f64]>,
 ) -> Result<(Vec<bool>, Vec<f32>), TrainError> {
     let (Some(line), Some(setting)) = (line, learner.config().rollout_correction) else {
@@ -316,7 +319,7 @@ fn correct<B: AutodiffModelBackend>(
             learner.name()
         ))
     })?;
-    let corrected = setting.apply(&to64(old), rollout, &mask);
+    let corrected = setting.apply(old, rollout, &mask);
     line.add(&mask, &corrected.mask, &corrected.weights);
     let weights = corrected.weights.iter().map(|&w| w as f32).collect();
     Ok((corrected.mask, weights))
@@ -325,7 +328,7 @@ fn correct<B: AutodiffModelBackend>(
 /// Each action's rollout log-probs as f64, checked against its length.
 fn rollout_logprobs(
     flat: &[Rewarded<'_, '_>],
-    old: &[Vec<f32>],
+    old: &[Vec<f64>],
 ) -> Result<Vec<Option<Vec<f64>>>, TrainError> {
     flat.iter()
         .zip(old)
@@ -346,7 +349,7 @@ fn rollout_logprobs(
 fn mismatch<B: AutodiffModelBackend>(
     learners: &[AgentLearner<B>],
     flat: &[Rewarded<'_, '_>],
-    old: &[Vec<f32>],
+    old: &[Vec<f64>],
     rollout: &[Option<Vec<f64>>],
     masks: &[Vec<bool>],
 ) -> Vec<Option<Mismatch>> {
@@ -356,7 +359,7 @@ fn mismatch<B: AutodiffModelBackend>(
         .collect();
     for (i, (action, _, _)) in flat.iter().enumerate() {
         if let Some(rollout) = &rollout[i] {
-            tallies[action.agent].add(&to64(&old[i]), rollout, &masks[i]);
+            tallies[action.agent].add(&old[i], rollout, &masks[i]);
         }
     }
     tallies.iter().map(MismatchTally::finish).collect()

@@ -298,6 +298,27 @@ enum Failure {
     Fatal(String),
 }
 
+/// Exponential waits (from 100 ms, doubling, at most 5 s) between attempts
+/// of one request, until `limit` has passed since the first.
+struct Backoff {
+    started: Instant,
+    wait: Duration,
+    limit: Duration,
+}
+
+impl Backoff {
+    /// Sleeps before the next attempt; the seconds spent retrying when the
+    /// next attempt would start past the limit.
+    fn wait(&mut self) -> Result<(), f64> {
+        if self.started.elapsed() + self.wait > self.limit {
+            return Err(self.started.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(self.wait);
+        self.wait = (self.wait * 2).min(Duration::from_secs(5));
+        Ok(())
+    }
+}
+
 /// An adapter loaded in the engine.
 #[derive(Debug, Clone)]
 struct Published {
@@ -408,9 +429,14 @@ impl Engine {
         self.aborts.load(Ordering::Relaxed)
     }
 
-    /// How long a failing request is retried (`rollout.engine.retry_for_s`).
-    fn retry_for(&self) -> Duration {
-        Duration::from_secs_f64(self.spec.retry_for_s)
+    /// The waits between attempts of one failing request, for at most
+    /// `rollout.engine.retry_for_s`.
+    fn backoff(&self) -> Backoff {
+        Backoff {
+            started: Instant::now(),
+            wait: Duration::from_millis(100),
+            limit: Duration::from_secs_f64(self.spec.retry_for_s),
+        }
     }
 
     fn identify(&self) -> Result<Served, TrainError> {
@@ -619,21 +645,14 @@ impl Engine {
     /// POST `body` to `endpoint` (GET without one), retrying transient
     /// failures with backoff until `retry_for_s` has passed.
     fn call(&self, endpoint: Endpoint, body: Option<&Value>) -> Result<String, Failure> {
-        let started = Instant::now();
-        let mut wait = Duration::from_millis(100);
+        let mut backoff = self.backoff();
         loop {
             match self.send(endpoint, body) {
-                Err(Failure::Transient(m)) => {
-                    if started.elapsed().as_secs_f64() + wait.as_secs_f64() > self.spec.retry_for_s
-                    {
-                        return Err(Failure::Transient(format!(
-                            "{m} (retried for {:.0} s, rollout.engine.retry_for_s)",
-                            started.elapsed().as_secs_f64()
-                        )));
-                    }
-                    std::thread::sleep(wait);
-                    wait = (wait * 2).min(Duration::from_secs(5));
-                }
+                Err(Failure::Transient(m)) => backoff.wait().map_err(|retried| {
+                    Failure::Transient(format!(
+                        "{m} (retried for {retried:.0} s, rollout.engine.retry_for_s)"
+                    ))
+                })?,
                 other => return other,
             }
         }
@@ -714,9 +733,8 @@ impl EnginePolicy<'_> {
         };
         let seed = request_seed(&self.seeds, &request.stream);
         let stop_token_ids = self.tokenizer.eos_token_ids();
-        let started = Instant::now();
         let mut reloads_left = MAX_RELOADS;
-        let mut wait = Duration::from_millis(100);
+        let mut backoff = self.engine.backoff();
         loop {
             let current = self
                 .engine
@@ -752,16 +770,13 @@ impl EnginePolicy<'_> {
                             self.engine.url(),
                             current.name
                         );
-                        if started.elapsed() + wait > self.engine.retry_for() {
-                            return Err(format!(
+                        backoff.wait().map_err(|retried| {
+                            format!(
                                 "the engine aborted a completion of {} and kept doing so for \
-                                 {:.0} s (rollout.engine.retry_for_s)",
-                                current.name,
-                                started.elapsed().as_secs_f64()
-                            ));
-                        }
-                        std::thread::sleep(wait);
-                        wait = (wait * 2).min(Duration::from_secs(5));
+                                 {retried:.0} s (rollout.engine.retry_for_s)",
+                                current.name
+                            )
+                        })?;
                     }
                 },
                 Err(Failure::NotFound(m)) if reloads_left > 0 => {
